@@ -1,0 +1,48 @@
+# Thin wrappers; all logic lives in the package. Variables: DATASET, ALGO, DEVICES, ARGS.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATASET ?= synthetic
+ALGO ?= resfl
+DEVICES ?= 1
+ARGS ?=
+SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
+
+.PHONY: install train test test-slow test-all lint bench sweep sweep-local compare clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+train: install
+	$(PY) -m resfl_lightning.train dataset=$(DATASET) algorithm=$(ALGO) fabric.devices=$(DEVICES) $(ARGS)
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-all: install
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: install
+	$(PY) -m ruff check .
+
+bench: install
+	$(PY) -m resfl_lightning.bench $(ARGS)
+
+sweep: install
+	$(VENV)/bin/wandb sweep $(SWEEP)
+
+sweep-local: install
+	$(PY) -m resfl_lightning.train -m dataset=$(DATASET) algorithm=$(ALGO) \
+	  algorithm.lambda_priv=0.0,0.1 algorithm.lambda_fair=0.0,0.01 algorithm.beta=0.0,2.0 $(ARGS)
+
+clean:
+	rm -rf runs outputs multirun wandb .cache

@@ -1,0 +1,93 @@
+"""Byzantine sign-flip attack (SPEC §7) and the BA AD metric.
+
+Attackers are drawn at random each round from (seed, round) — never "the first clients" (SPEC §9) — and the optional
+l2 bound only rescales an update, it never adds noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+Delta = TypeVar("Delta", torch.Tensor, np.ndarray, Mapping)
+
+_ATTACKER_STREAM = 0x42595A  # separates this RNG stream from other uses of the same seed
+
+
+def count_from_fraction(num_clients: int, fraction: float) -> int:
+    """round(fraction * N) with halves rounded up (Python's round() would send 2.5 to 2)."""
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    return min(num_clients, int(math.floor(fraction * num_clients + 0.5 + 1e-9)))
+
+
+def choose_attackers(num_clients: int, fraction: float, seed: int, round_idx: int) -> list[int]:
+    """Sorted ids of round(fraction*N) attackers for this round; reproducible from (seed, round_idx)."""
+    if round_idx < 0:
+        raise ValueError(f"round_idx must be >= 0, got {round_idx}")
+    k = count_from_fraction(num_clients, fraction)
+    rng = np.random.default_rng([seed, round_idx, _ATTACKER_STREAM])
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def _is_float(v: Any) -> bool:
+    return v.is_floating_point() if isinstance(v, torch.Tensor) else np.asarray(v).dtype.kind == "f"
+
+
+def _l2_norm(delta: Any) -> float:
+    """Joint l2 norm over a tensor / array or over the floating entries of a mapping."""
+    if isinstance(delta, Mapping):
+        return math.sqrt(sum(_l2_norm(v) ** 2 for v in delta.values() if _is_float(v)))
+    if isinstance(delta, torch.Tensor):
+        return float(torch.linalg.vector_norm(delta.detach().double()))
+    return float(np.linalg.norm(np.asarray(delta, dtype=np.float64).ravel()))
+
+
+def _scale(delta: Delta, factor: float) -> Delta:
+    """factor * delta; in a mapping only floating entries scale (integer buffers pass through unchanged)."""
+    if isinstance(delta, Mapping):
+        return {k: (v * factor if _is_float(v) else v) for k, v in delta.items()}
+    return delta * factor
+
+
+def sign_flip(delta: Delta, gamma: float) -> Delta:
+    """-gamma * delta (tensor, array, or name -> tensor mapping); gamma > 0."""
+    if not (gamma > 0 and math.isfinite(gamma)):
+        raise ValueError(f"gamma must be a positive finite number, got {gamma}")
+    return _scale(delta, -float(gamma))
+
+
+def _bound(delta: Delta, bound: float) -> Delta:
+    if not (bound > 0 and math.isfinite(bound)):
+        raise ValueError(f"l2 bound must be a positive finite number, got {bound}")
+    norm = _l2_norm(delta)
+    if not math.isfinite(norm):
+        raise ValueError("delta contains non-finite values")
+    return delta if norm <= bound else _scale(delta, bound / norm)
+
+
+def l2_bound(delta: Delta, bound: float) -> Delta:
+    """Rescale delta so its l2 norm is <= bound (unchanged when already within); deterministic, no noise."""
+    return _bound(delta, bound)
+
+
+def byzantine_transform(delta: Delta, gamma: float, l2_bound: float | None = None) -> Delta:
+    """What a Byzantine client sends: -gamma * delta, then optionally rescaled to l2 norm <= l2_bound."""
+    flipped = sign_flip(delta, gamma)
+    return flipped if l2_bound is None else _bound(flipped, l2_bound)
+
+
+def relative_drop(clean: float, attacked: float) -> float:
+    """BA AD: (clean - attacked) / clean, e.g. the relative mAP drop of the attacked run."""
+    clean, attacked = float(clean), float(attacked)
+    if not (math.isfinite(clean) and math.isfinite(attacked)):
+        raise ValueError(f"relative_drop: non-finite input (clean={clean}, attacked={attacked})")
+    if clean == 0.0:
+        raise ValueError("relative_drop: clean metric is 0, the relative drop is undefined")
+    return (clean - attacked) / clean

@@ -1,0 +1,229 @@
+"""Partitioning by sensitive group: IID-stratified and Dirichlet client shards, stratified splits, H_TV (SPEC 8).
+
+Everything works on per-item group labels (0..G-1, -1 = unknown, which is kept as a stratum of its own);
+for detection datasets use image_groups() to get one label per image first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+Seed = int | np.random.Generator
+
+
+def _groups_array(groups: np.ndarray | list[int]) -> np.ndarray:
+    g = np.asarray(groups)
+    if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
+        raise ValueError(f"groups must be a 1-D integer array, got dtype {g.dtype} shape {g.shape}")
+    if g.size and g.min() < -1:
+        raise ValueError(f"group labels must be >= -1 (-1 = unknown), got {int(g.min())} at item {int(g.argmin())}")
+    return g.astype(np.int64)
+
+
+def _check_clients(num_clients: int, n: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if n < num_clients:
+        raise ValueError(f"cannot split {n} items into {num_clients} non-empty client shards")
+
+
+def image_groups(image_index: np.ndarray, groups: np.ndarray, n_images: int) -> np.ndarray:
+    """One group per image: the most frequent known group of its objects (ties: the one listed first); -1 if none."""
+    image_index, groups = np.asarray(image_index, np.int64), _groups_array(groups)
+    if image_index.shape != groups.shape:
+        raise ValueError(f"image_index {image_index.shape} and groups {groups.shape} must have the same length")
+    if image_index.size and (image_index.min() < 0 or image_index.max() >= n_images):
+        raise ValueError(f"image index out of range 0..{n_images - 1}")
+    out = np.full(n_images, -1, np.int64)
+    known = np.flatnonzero(groups >= 0)
+    if known.size == 0:
+        return out
+    width = int(groups.max()) + 1
+    keys = image_index[known] * width + groups[known]
+    pair, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    img, grp = pair // width, pair % width
+    order = np.lexsort((first, -counts, img))  # per image: highest count, then earliest row
+    img, grp = img[order], grp[order]
+    lead = np.r_[True, img[1:] != img[:-1]]
+    out[img[lead]] = grp[lead]
+    return out
+
+
+def iid_stratified_shards(groups: np.ndarray | list[int], num_clients: int, seed: Seed) -> list[np.ndarray]:
+    """Equal-size shards (+-1 item) that each keep the global group mix (+-1 item per group)."""
+    g = _groups_array(groups)
+    _check_clients(num_clients, len(g))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(g))
+    order = order[np.argsort(g[order], kind="stable")]  # grouped by label, random inside each group
+    # Dealing the grouped sequence round-robin gives every client floor/ceil of each group and of the total.
+    owner = rng.permutation(num_clients)[np.arange(len(g)) % num_clients]
+    return [np.sort(order[owner == i]) for i in range(num_clients)]
+
+
+def _capped_multinomial(rng: np.random.Generator, n: int, p: np.ndarray, available: np.ndarray) -> np.ndarray:
+    """n_g ~ Multinomial(n, p) without exceeding `available`; overflow is redrawn over groups that still have items
+    (p renormalised over them; proportional to what is left when p puts no mass there)."""
+    take = np.zeros_like(available)
+    need = n
+    while need > 0:
+        left = available - take
+        w = np.where(left > 0, p, 0.0)
+        if not np.isfinite(w).all() or w.sum() <= 0:
+            w = left.astype(np.float64)
+        draw = np.minimum(rng.multinomial(need, w / w.sum()), left)
+        take += draw
+        need -= int(draw.sum())
+    return take
+
+
+def dirichlet_shards(groups: np.ndarray | list[int], num_clients: int, alpha: float, seed: Seed,
+                     centre: str = "uniform") -> list[np.ndarray]:
+    """Equal-size shards (+-1) with group mix p_i ~ Dirichlet(alpha 1_G), n_ig ~ Multinomial(n_i, p_i) (SPEC 8).
+
+    Clients are filled in a random order; when a group runs out, its share is redrawn over the groups left.
+    centre="global" draws p_i ~ Dirichlet(alpha G p_global) instead (same total concentration, mean p_global), so
+    large alpha tends to IID also on imbalanced data; SPEC's "uniform" centres every client on equal group shares.
+    """
+    if not alpha > 0:
+        raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if centre not in ("uniform", "global"):
+        raise ValueError(f"Dirichlet centre must be 'uniform' or 'global', got {centre!r}")
+    g = _groups_array(groups)
+    _check_clients(num_clients, len(g))
+    rng = np.random.default_rng(seed)
+    cats, inv = np.unique(g, return_inverse=True)
+    pools = [rng.permutation(np.flatnonzero(inv == k)) for k in range(len(cats))]
+    available = np.array([len(p) for p in pools], np.int64)
+    sizes = len(g) // num_clients + (rng.permutation(num_clients) < len(g) % num_clients)
+    used = np.zeros(len(cats), np.int64)
+    shards: list[np.ndarray] = [np.empty(0, np.int64)] * num_clients
+    if centre == "uniform":
+        concentration = np.full(len(cats), float(alpha))
+    else:
+        concentration = float(alpha) * len(cats) * available / available.sum()
+    for i in rng.permutation(num_clients):
+        p = rng.dirichlet(concentration)
+        take = _capped_multinomial(rng, int(sizes[i]), p, available - used)
+        parts = [pools[k][used[k] : used[k] + take[k]] for k in range(len(cats))]
+        used += take
+        shards[i] = np.sort(np.concatenate(parts)).astype(np.int64)
+    return shards
+
+
+def h_tv(shards: list[np.ndarray], groups: np.ndarray | list[int]) -> float:
+    """H_TV = mean_i 0.5 ||p_i - p_global||_1, p_global = group mix over the union of the shards."""
+    g = _groups_array(groups)
+    if not shards:
+        raise ValueError("h_tv needs at least one shard")
+    for i, s in enumerate(shards):
+        if len(s) == 0:
+            raise ValueError(f"client {i} has an empty shard; its group distribution is undefined")
+    cats = np.unique(g[np.concatenate(shards)])
+    hist = np.stack([np.bincount(np.searchsorted(cats, g[s]), minlength=len(cats)) for s in shards])
+    p = hist / hist.sum(1, keepdims=True)
+    p_global = hist.sum(0) / hist.sum()
+    return float(np.mean(0.5 * np.abs(p - p_global).sum(1)))
+
+
+def stratified_split(indices: np.ndarray | list[int], groups: np.ndarray | list[int], fraction: float,
+                     seed: Seed) -> tuple[np.ndarray, np.ndarray]:
+    """Split `indices` (positions into the full `groups` array) into (rest, held) with held ~ fraction of each group.
+
+    held has round(fraction * len(indices)) items; each group contributes floor or ceil of fraction * its count
+    (largest remainders first, ties broken at random).
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"split fraction must be in [0, 1), got {fraction}")
+    g_all = _groups_array(groups)
+    idx = np.asarray(indices, np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= len(g_all)):
+        raise ValueError(f"indices out of range for {len(g_all)} items")
+    if len(np.unique(idx)) != len(idx):
+        raise ValueError("indices contain duplicates")
+    rng = np.random.default_rng(seed)
+    cats, inv = np.unique(g_all[idx], return_inverse=True)
+    counts = np.bincount(inv, minlength=len(cats))
+    quota = fraction * counts
+    held_n = np.floor(quota).astype(np.int64)
+    extra = int(round(fraction * len(idx))) - int(held_n.sum())
+    if extra > 0:
+        frac_part = quota - held_n
+        order = np.lexsort((rng.random(len(cats)), -frac_part))  # largest remainder first, random tie-break
+        held_n[order[:extra]] += 1
+    held = [rng.permutation(idx[inv == k])[: held_n[k]] for k in range(len(cats))]
+    held_idx = np.sort(np.concatenate(held)) if held else np.empty(0, np.int64)
+    rest_idx = np.setdiff1d(idx, held_idx)
+    return rest_idx.astype(np.int64), held_idx.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ClientSplit:
+    """One client's local train and validation indices."""
+
+    train: np.ndarray
+    val: np.ndarray
+
+
+@dataclass(frozen=True)
+class FederatedSplits:
+    """Disjoint test / attack-reserve / per-client (train, val) index sets, plus how they were made."""
+
+    test: np.ndarray
+    reserve: np.ndarray
+    clients: list[ClientSplit]
+    partition: str
+    alpha: float | None
+    seed: int
+    h_tv: float
+    """Group heterogeneity of the client shards (train + val), mean_i 0.5 ||p_i - p_global||_1."""
+
+    def __post_init__(self) -> None:
+        parts = [self.test, self.reserve] + [a for c in self.clients for a in (c.train, c.val)]
+        everything = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        if len(np.unique(everything)) != len(everything):
+            raise ValueError("federated splits overlap: test, reserve and client train/val sets must be disjoint")
+
+    def client_indices(self, i: int) -> np.ndarray:
+        """All of client i's items (train + val)."""
+        return np.sort(np.concatenate([self.clients[i].train, self.clients[i].val]))
+
+    def sizes(self) -> dict[str, int | float]:
+        """Counts for logging: test, reserve, per-client train/val and totals, plus H_TV."""
+        out: dict[str, int | float] = {"test": len(self.test), "reserve": len(self.reserve),
+                                       "num_clients": len(self.clients)}
+        for i, c in enumerate(self.clients):
+            out[f"client{i}/train"], out[f"client{i}/val"] = len(c.train), len(c.val)
+        out["train_total"] = sum(len(c.train) for c in self.clients)
+        out["val_total"] = sum(len(c.val) for c in self.clients)
+        out["h_tv"] = self.h_tv
+        return out
+
+
+def make_federated_splits(groups: np.ndarray | list[int], num_clients: int, test_fraction: float = 0.2,
+                          reserve_fraction: float = 0.05, val_fraction: float = 0.1, partition: str = "iid",
+                          alpha: float = 0.5, seed: int = 0, dirichlet_centre: str = "uniform") -> FederatedSplits:
+    """Test split, then the attack reserve (reserve_fraction of all items), both stratified by group; the rest is
+    sharded over clients ("iid" stratified or "dirichlet"), and each shard gets a stratified train/val split."""
+    g = _groups_array(groups)
+    n = len(g)
+    if partition not in ("iid", "dirichlet"):
+        raise ValueError(f"partition must be 'iid' or 'dirichlet', got {partition!r}")
+    if not (0 <= test_fraction < 1 and 0 <= reserve_fraction < 1 and test_fraction + reserve_fraction < 1):
+        raise ValueError(f"need 0 <= test_fraction, reserve_fraction and their sum < 1, got "
+                         f"{test_fraction}, {reserve_fraction}")
+    # One independent stream per stage, so changing e.g. val_fraction does not reshuffle the test split.
+    stage = [np.random.default_rng([seed, k]) for k in range(4)]
+    pool, test = stratified_split(np.arange(n), g, test_fraction, stage[0])
+    n_reserve = int(round(reserve_fraction * n))
+    pool, reserve = stratified_split(pool, g, n_reserve / len(pool) if len(pool) else 0.0, stage[1])
+    if partition == "iid":
+        local = iid_stratified_shards(g[pool], num_clients, stage[2])
+    else:
+        local = dirichlet_shards(g[pool], num_clients, alpha, stage[2], centre=dirichlet_centre)
+    shards = [pool[s] for s in local]
+    clients = [ClientSplit(*stratified_split(s, g, val_fraction, stage[3])) for s in shards]
+    return FederatedSplits(test=test, reserve=reserve, clients=clients, partition=partition,
+                           alpha=alpha if partition == "dirichlet" else None, seed=seed, h_tv=h_tv(shards, g))

@@ -1,0 +1,37 @@
+"""Process-wide set-up that must happen before ultralytics or wandb are imported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_CACHE = Path(os.environ.get("RESFL_CACHE_DIR", Path.cwd() / ".cache"))
+
+
+def configure_environment(num_threads: int | None = 1) -> None:
+    """Keep ultralytics offline with a project-local settings dir and cap torch threads.
+
+    One thread per process: on a 2-core machine two threads per process collapsed 10-20x under load.
+    """
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("YOLO_CONFIG_DIR", str(_CACHE / "yolo"))
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)
+
+
+configure_environment(num_threads=None)
+
+
+def quiet_libraries() -> None:
+    """faster_coco_eval prints its whole COCO table at INFO for every evaluation."""
+    import logging
+
+    for name in ("faster_coco_eval", "faster_coco_eval.core.cocoeval"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+quiet_libraries()

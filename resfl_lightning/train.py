@@ -1,0 +1,39 @@
+"""Hydra entry point: compose config -> validate -> build objects -> Federation.fit.
+
+    python -m resfl_lightning.train dataset=synthetic algorithm=resfl fabric.devices=2
+"""
+
+from __future__ import annotations
+
+import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def run(cfg: DictConfig):
+    """Build everything from a composed config and train; returns the final ServerState (rank-local)."""
+    from resfl_lightning.builders import build_run
+
+    job = build_run(cfg)
+    return job.fit()
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from resfl_lightning.config import ConfigError
+
+    try:
+        run(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""Shared test set-up: one thread per process (two threads on two cores collapse under load)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("RESFL_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Real test data kept beside the checkout (never committed); tests needing it skip without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared test data not found at {SHARED_DATA} (set RESFL_SHARED_DATA)")
+    return SHARED_DATA

@@ -1,0 +1,224 @@
+"""Fisher curvature (CurvFed L_curv) against an explicitly built empirical Fisher and numpy.linalg.eigvalsh."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from resfl_lightning.losses.curvature import (
+    FisherCurvature,
+    fisher_curvature_loss,
+    fisher_power_iteration,
+    fisher_top_eigenpair,
+    fisher_vector_product,
+)
+
+torch.set_num_threads(1)
+B = 16
+
+
+def _model(batchnorm: bool = False, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers = [nn.Linear(3, 4)] + ([nn.BatchNorm1d(4)] if batchnorm else []) + [nn.Tanh(), nn.Linear(4, 2)]
+    return nn.Sequential(*layers).double().train()
+
+
+def _data(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (B,), generator=g)
+
+
+def _losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(x), y, reduction="none")
+
+
+def _per_sample_grads(losses: torch.Tensor, params: list[torch.Tensor]) -> np.ndarray:
+    rows = []
+    for i in range(losses.shape[0]):
+        grads = torch.autograd.grad(losses[i], params, retain_graph=True)
+        rows.append(torch.cat([g.reshape(-1) for g in grads]))
+    return torch.stack(rows).numpy()
+
+
+def _explicit_fisher(losses: torch.Tensor, params: list[torch.Tensor]) -> np.ndarray:
+    grads = _per_sample_grads(losses, params)
+    return grads.T @ grads / grads.shape[0]
+
+
+def _flat(v: list[torch.Tensor]) -> np.ndarray:
+    return torch.cat([a.reshape(-1) for a in v]).numpy()
+
+
+def test_fisher_vector_product_matches_explicit_fisher():
+    model = _model()
+    params = list(model.parameters())
+    assert sum(p.numel() for p in params) == 26
+    losses = _losses(model, *_data())
+    fisher = _explicit_fisher(losses, params)
+    v = [torch.randn_like(p) for p in params]
+    np.testing.assert_allclose(
+        _flat(fisher_vector_product(losses, params, v)), fisher @ _flat(v), rtol=1e-9, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_top_eigenpair_matches_eigvalsh(batchnorm: bool):
+    model = _model(batchnorm)
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    evals, evecs = np.linalg.eigh(_explicit_fisher(losses, params))
+    eig, v = fisher_top_eigenpair(losses, params, iters=500, tol=1e-9, generator=torch.Generator().manual_seed(0))
+    assert abs(eig - evals[-1]) / evals[-1] < 1e-3
+    assert abs(_flat(v) @ evecs[:, -1]) > 0.999
+    assert np.linalg.norm(_flat(v)) == pytest.approx(1.0)
+    assert all(not a.requires_grad for a in v)
+
+
+def test_few_iterations_are_not_enough_so_the_check_can_fail():
+    model = _model()
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    top = np.linalg.eigvalsh(_explicit_fisher(losses, params))[-1]
+    eig, _ = fisher_top_eigenpair(losses, params, iters=1, generator=torch.Generator().manual_seed(0))
+    assert abs(eig - top) / top > 1e-3
+
+
+def test_warm_start_converges_faster_on_next_step():
+    model = _model()
+    params = list(model.parameters())
+    x, y = _data()
+    losses = _losses(model, x, y)
+    _, v1, _ = fisher_power_iteration(losses, params, iters=500, tol=1e-6, generator=torch.Generator().manual_seed(0))
+    # Restarting from the converged vector on the same losses stops at once.
+    assert fisher_power_iteration(losses, params, v0=v1, iters=500, tol=1e-6)[2] == 1
+    opt = torch.optim.SGD(params, lr=0.01)
+    opt.zero_grad()
+    losses.mean().backward()
+    opt.step()
+    losses2 = _losses(model, x, y)
+    top = np.linalg.eigvalsh(_explicit_fisher(losses2, params))[-1]
+    eig_warm, _, n_warm = fisher_power_iteration(losses2, params, v0=v1, iters=500, tol=1e-6)
+    assert abs(eig_warm - top) / top < 1e-3
+    for seed in range(5):
+        eig_cold, _, n_cold = fisher_power_iteration(
+            losses2, params, iters=500, tol=1e-6, generator=torch.Generator().manual_seed(seed)
+        )
+        assert n_warm < n_cold
+        assert abs(eig_cold - top) / top < 1e-3
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_curvature_loss_equals_eigenvalue_and_has_reference_gradient(batchnorm: bool):
+    model = _model(batchnorm)
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    eig, v = fisher_top_eigenpair(losses, params, iters=500, tol=1e-9, generator=torch.Generator().manual_seed(0))
+    curv = fisher_curvature_loss(losses, params, v)
+    assert curv.item() == pytest.approx(eig, rel=1e-6)
+    grads = torch.autograd.grad(curv, params, retain_graph=True)
+    # Reference: (1/B) sum_i (g_i . v)^2 with every per-sample gradient built explicitly (create_graph).
+    ref = 0.0
+    for i in range(B):
+        g_i = torch.autograd.grad(losses[i], params, retain_graph=True, create_graph=True)
+        ref = ref + sum((a * b).sum() for a, b in zip(g_i, v, strict=True)) ** 2
+    ref_grads = torch.autograd.grad(ref / B, params)
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
+    assert sum(a.abs().sum() for a in grads) > 1e-6
+
+
+def test_curvature_loss_adds_to_training_loss():
+    model = _model(batchnorm=True)
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    _, v = fisher_top_eigenpair(losses, params, iters=50)
+    total = losses.mean() + 0.5 * fisher_curvature_loss(losses, params, v)
+    total.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+
+
+def test_mask_keeps_only_selected_samples():
+    model = _model()
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    mask = torch.zeros(B, dtype=torch.bool)
+    mask[[0, 2, 3, 7, 8, 11, 15]] = True
+    grads = _per_sample_grads(losses, params)[mask.numpy()]
+    top = np.linalg.eigvalsh(grads.T @ grads / grads.shape[0])[-1]
+    full_top = np.linalg.eigvalsh(_explicit_fisher(losses, params))[-1]
+    assert abs(top - full_top) / full_top > 1e-2
+    eig, v = fisher_top_eigenpair(losses, params, iters=500, tol=1e-9, mask=mask)
+    assert abs(eig - top) / top < 1e-3
+    assert fisher_curvature_loss(losses, params, v, mask=mask).item() == pytest.approx(eig, rel=1e-6)
+
+
+def test_mask_with_no_correct_sample_gives_connected_zero():
+    model = _model()
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    none = torch.zeros(B, dtype=torch.bool)
+    eig, v = fisher_top_eigenpair(losses, params, mask=none)
+    assert eig == 0.0 and [a.shape for a in v] == [p.shape for p in params]
+    curv = fisher_curvature_loss(losses, params, v, mask=none)
+    assert curv.item() == 0.0 and curv.requires_grad
+    term, eig2 = FisherCurvature(iters=5)(losses, model, mask=none)
+    assert eig2 == 0.0 and term.item() == 0.0
+    (curv + term).backward()
+    with pytest.raises(ValueError, match="mask"):
+        fisher_top_eigenpair(losses, params, mask=torch.ones(B - 1, dtype=torch.bool))
+
+
+def test_unreached_parameter_has_zero_fisher_column():
+    model = _model()
+    unused = nn.Parameter(torch.randn(3, dtype=torch.float64))
+    params = list(model.parameters())
+    losses = _losses(model, *_data())
+    top = np.linalg.eigvalsh(_explicit_fisher(losses, params))[-1]
+    eig, v = fisher_top_eigenpair(losses, params + [unused], iters=500, tol=1e-9)
+    assert abs(eig - top) / top < 1e-3
+    assert v[-1].abs().max() < 1e-6
+
+
+def test_fisher_curvature_helper_filters_params_and_warm_starts():
+    model = _model()
+    x, y = _data()
+    helper = FisherCurvature(iters=300, param_filter="2.", tol=1e-6)  # last Linear only ("head")
+    head = [model[2].weight, model[2].bias]
+    assert helper.select_params(model) == head
+    losses = _losses(model, x, y)
+    top = np.linalg.eigvalsh(_explicit_fisher(losses, head))[-1]
+    term, eig = helper(losses, model)
+    assert abs(eig - top) / top < 1e-3 and term.item() == pytest.approx(eig, rel=1e-5)
+    first_iters = helper.last_iterations
+    term.backward()
+    helper(_losses(model, x, y), model)  # same parameters: the kept vector is already converged
+    assert helper.last_iterations == 1
+    assert model[0].weight.grad is not None  # curvature of head parameters still trains the layers below
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn_like(p))
+    _, eig2 = helper(_losses(model, x, y), model)
+    assert helper.last_iterations < first_iters
+    # Parameter set changes shape: the warm-start vector is dropped instead of raising.
+    other = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    _, eig3 = helper(_losses(other, x, y), other)
+    assert [tuple(a.shape) for a in helper.v] == [(2, 5), (2,)] and eig3 > 0
+    with pytest.raises(ValueError, match="selects no"):
+        FisherCurvature(param_filter="nope.").select_params(model)
+
+
+def test_fisher_curvature_helper_predicate_and_all_params():
+    model = _model(batchnorm=True)
+    x, y = _data()
+    losses = _losses(model, x, y)
+    helper = FisherCurvature(iters=500, tol=1e-9, param_filter=lambda name: not name.startswith("1."))
+    params = helper.select_params(model)
+    assert len(params) == 4  # BatchNorm affine parameters excluded
+    top = np.linalg.eigvalsh(_explicit_fisher(losses, params))[-1]
+    _, eig = helper(losses, model)
+    assert abs(eig - top) / top < 1e-3
+    with pytest.raises(ValueError, match="iters"):
+        FisherCurvature(iters=0)
