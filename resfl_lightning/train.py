@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
-
 import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
+
+import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -7,8 +7,8 @@ import torch
 from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.losses.adversary import Adversary, adversarial_loss, roi_pool_features
-from resfl_lightning.losses.detection import EvidentialDetectionLoss
 from resfl_lightning.losses.curvature import fisher_top_eigenpair
+from resfl_lightning.losses.detection import EvidentialDetectionLoss
 from resfl_lightning.metrics.detection import detection_map
 from resfl_lightning.metrics.fairness import detection_fairness
 from resfl_lightning.metrics.ufm import ufm_from_detections

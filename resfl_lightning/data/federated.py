@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,19 +81,37 @@ def build_synthetic(cfg: DictConfig, seed: int) -> FederatedDetectionData:
                                   image_size=None, augment=cfg.augment)
 
 
-BUILDERS: dict[str, Callable[[DictConfig, int], object]] = {"synthetic": build_synthetic}
+# dataset name -> module defining `build(cfg, seed)` and optionally `preflight(cfg)` (fast checks, e.g. files).
+BUILDERS: dict[str, str] = {
+    "synthetic": "resfl_lightning.data.federated",
+    "facet": "resfl_lightning.data.real_detection",
+    "carla": "resfl_lightning.data.real_detection",
+    "adult": "resfl_lightning.data.tabular",
+}
 
 
-def dataset_preflight(cfg: DictConfig) -> None:
-    """Cheap checks that must fail before any process starts (missing data, unknown name)."""
+def _module_for(cfg: DictConfig):
     from resfl_lightning.config import ConfigError
 
     if cfg.name not in BUILDERS:
         raise ConfigError(f"dataset.name: no loader for {cfg.name!r}; available: {', '.join(sorted(BUILDERS))}")
+    return importlib.import_module(BUILDERS[cfg.name])
+
+
+def build(cfg: DictConfig, seed: int) -> FederatedDetectionData:
+    """Entry for the built-in benchmark (other datasets define `build` in their own module)."""
+    return build_synthetic(cfg, seed)
+
+
+def dataset_preflight(cfg: DictConfig) -> None:
+    """Cheap checks that must fail before any process starts (missing data, unknown name)."""
+    module = _module_for(cfg)
+    if hasattr(module, "preflight"):
+        module.preflight(cfg)
 
 
 def build_federated_data(cfg: DictConfig, seed: int, rank_zero: bool = True, printer=print):
-    data = BUILDERS[cfg.name](cfg, seed)
+    data = _module_for(cfg).build(cfg, seed)
     if rank_zero:
         sizes = data.splits.sizes() if hasattr(data, "splits") else {}
         printer(f"dataset {cfg.name}: " + ", ".join(f"{k}={v}" for k, v in sizes.items()

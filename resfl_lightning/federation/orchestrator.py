@@ -22,6 +22,7 @@ import torch.distributed as dist
 from resfl_lightning.clients.base import FederatedClient
 from resfl_lightning.federation.aggregation import Aggregator, StreamingWeightedSum, combine_normalisers
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
+from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.state import FlatLayout
 from resfl_lightning.types import ClientReport
 
@@ -120,25 +121,10 @@ class Federation:
         cseed = client_seed(s.seed, round_idx, client_id)
         seed_all(cseed)
         client.begin_client(client_id, round_idx)
-        client.train()
-        optimizer = client.configure_optimizers()
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * s.lr_factor(round_idx)
         t0 = time.perf_counter()
-        for epoch in range(s.local_epochs):
-            for batch_idx, batch in enumerate(self.data.train_loader(client_id, seed=cseed + epoch)):
-                batch = fabric.to_device(batch)
-                with fabric.autocast():
-                    loss = client.training_step(batch, batch_idx)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"client {client_id}, round {round_idx}, batch {batch_idx}: "
-                                             f"non-finite loss {float(loss)} ({client.mean_losses()})")
-                optimizer.zero_grad(set_to_none=True)
-                fabric.backward(loss)
-                if client.optim.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(client.parameters(), client.optim.grad_clip)
-                optimizer.step()
-                times.steps += 1
+        times.steps += local_train(
+            fabric, client, lambda epoch: self.data.train_loader(client_id, seed=cseed + epoch), s.local_epochs,
+            lr_factor=s.lr_factor(round_idx), name=f"client {client_id}, round {round_idx}")
         t1 = time.perf_counter()
         val_loader = self.data.val_loader(client_id)
         result = client.evaluate(val_loader)

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+from ultralytics.utils.loss import v8DetectionLoss
+from ultralytics.utils.ops import xyxy2xywh
+from ultralytics.utils.tal import TaskAlignedAssigner
 
 from resfl_lightning.losses.evidential import (
     dirichlet_kl_uniform,
@@ -15,9 +18,6 @@ from resfl_lightning.losses.evidential import (
     nig_regulariser,
 )
 from resfl_lightning.models.yolo import EvidentialYOLO
-from ultralytics.utils.loss import v8DetectionLoss
-from ultralytics.utils.ops import xyxy2xywh
-from ultralytics.utils.tal import TaskAlignedAssigner
 
 
 @dataclass
