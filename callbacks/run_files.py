@@ -27,6 +27,10 @@ class RunFiles:
         if not federation.fabric.is_global_zero:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if federation.config is not None:
+            from omegaconf import OmegaConf
+
+            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(federation.config, resolve=True))
         if not self.metrics_path.exists():
             return
         # Keep rounds already checkpointed when resuming; a fresh run starts a fresh file.

@@ -71,9 +71,10 @@ def build_logger(cfg: DictConfig, run_dir: Path):
 
         run_id = read_logger_run_id(run_dir / "checkpoints" / "last.pt") if cfg.resume else ""
         offline = cfg.logger.mode == "offline" or (cfg.logger.mode == "auto" and not _wandb_logged_in())
+        # mode= explicitly: Lightning's offline flag sets WANDB_MODE=dryrun, which recent wandb no longer honours.
         return WandbLogger(project=cfg.logger.project, entity=cfg.logger.get("entity"), name=cfg.run_name,
                            save_dir=str(run_dir), offline=offline, id=run_id or None, resume="allow",
-                           config=OmegaConf.to_container(cfg, resolve=True))
+                           mode="offline" if offline else "online", config=OmegaConf.to_container(cfg, resolve=True))
     raise ConfigError(f"logger.kind: unknown logger {kind!r}; choose wandb, csv or none")
 
 
@@ -95,16 +96,39 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     from callbacks.progress import RichProgress
     from callbacks.reports import ClientReportLogger
     from callbacks.run_files import RunFiles
+    from callbacks.weather import WeatherEvaluation
 
     cbs: list = [GlobalEvaluation(every=cfg.eval.every), ClientReportLogger()]
     cbs += build_attack_callbacks(cfg)
+    cbs += [WeatherEvaluation.from_config(cfg, run_dir)] if cfg.eval.get("weather", False) else []  # sees attacks
     cbs += [RunFiles(run_dir=run_dir, resume=cfg.resume), RichProgress(enabled=cfg.progress)]
     return cbs
 
 
 def build_attack_callbacks(cfg: DictConfig) -> list:
     """Attack callbacks are added only when configured (the attack group's `enabled` list)."""
-    return []
+    from resfl_lightning.attacks.runtime import attack_settings
+
+    settings = attack_settings(cfg.get("attack"))
+    if not settings.enabled:
+        return []
+    from callbacks.privacy import AttackScores, PrivacyAttacks
+    from callbacks.robustness import ByzantineAttack, DataPoisoning, EqualizedOdds
+    from callbacks.update_aia import UpdateAttributeInference
+
+    cbs: list = []
+    if settings.on("byzantine"):
+        cbs.append(ByzantineAttack(settings.byzantine, seed=cfg.seed))
+    if settings.on("poisoning"):
+        cbs.append(DataPoisoning(settings.poisoning, seed=cfg.seed, rounds=cfg.federation.rounds))
+    if settings.on("mia") or settings.on("aia"):
+        cbs.append(PrivacyAttacks(settings, seed=cfg.seed, mia=settings.on("mia"), aia=settings.on("aia")))
+    if settings.on("update_aia"):
+        cbs.append(UpdateAttributeInference(settings, seed=cfg.seed))
+    if settings.on("eod"):
+        cbs.append(EqualizedOdds(settings.protected_group, settings.eod.unprotected_group))
+    cbs.append(AttackScores())  # last: reads what the attacks and the global evaluation added
+    return cbs
 
 
 @dataclass
@@ -137,6 +161,5 @@ def build_run(cfg: DictConfig) -> Job:
     aggregator = build_aggregator(cfg.algorithm.aggregation, beta=cfg.algorithm.beta, eps=cfg.algorithm.curv_eps)
     run_id = logger.version if (logger is not None and fabric.is_global_zero and cfg.logger.kind == "wandb") else ""
     federation = Federation(fabric=fabric, client_factory=factory, data=data, aggregator=aggregator,
-                            settings=federation_settings(cfg), logger_run_id=str(run_id or ""))
-    federation.config = cfg
+                            settings=federation_settings(cfg), logger_run_id=str(run_id or ""), config=cfg)
     return Job(federation)

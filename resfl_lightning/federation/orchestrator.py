@@ -93,6 +93,7 @@ class Federation:
     settings: FederationSettings
     update_transforms: list[UpdateTransform] = field(default_factory=list)
     logger_run_id: str = ""
+    config: object = None  # the resolved run config (written to the run directory by RunFiles)
 
     @property
     def checkpoint_path(self) -> Path:

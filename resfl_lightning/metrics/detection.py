@@ -45,8 +45,10 @@ def detection_map(
 ) -> dict[str, float]:
     """map (IoU 0.50:0.95), map_50, map_75 and, with class_metrics, map/<class>; -1 where there is no ground truth."""
     tm_preds, tm_target = to_torchmetrics(preds, gts)
+    # sync_on_compute=False: each rank scores its own clients; torchmetrics would otherwise all_gather across ranks.
     metric = MeanAveragePrecision(
-        iou_type="bbox", box_format="xyxy", backend="faster_coco_eval", class_metrics=class_metrics
+        iou_type="bbox", box_format="xyxy", backend="faster_coco_eval", class_metrics=class_metrics,
+        sync_on_compute=False,
     )
     metric.update(tm_preds, tm_target)
     res = metric.compute()

@@ -1,0 +1,91 @@
+"""Robustness attacks wired into the round loop (SPEC §7) and the EOD measurement their comparison needs.
+
+ByzantineAttack: adds the sign-flip update transform (attackers drawn per round from the seed) to the Federation.
+DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
+EqualizedOdds: EOD of the global model on the test split, whenever the global evaluation ran that round.
+BA AD and DPA EODD compare two runs: `python -m resfl_lightning.compare CLEAN_RUN OTHER_RUN`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from resfl_lightning.attacks.runtime import (
+    ByzantineSettings,
+    ByzantineUpdate,
+    PoisonedData,
+    PoisoningSettings,
+    base_data,
+    classification_outputs,
+    is_detection_client,
+    parameter_mask,
+)
+from resfl_lightning.metrics.eod import classification_eod, detection_eod
+
+
+class ByzantineAttack:
+    def __init__(self, settings: ByzantineSettings, seed: int):
+        self.settings, self.seed = settings, int(seed)
+        self.transform: ByzantineUpdate | None = None
+
+    def on_fit_start(self, federation, model, layout) -> None:
+        mask = None if self.settings.include_buffers else parameter_mask(model, layout)
+        self.transform = ByzantineUpdate(federation.data.num_clients, self.settings, self.seed, mask)
+        # Replace (not stack) a transform left from an earlier fit of the same Federation.
+        federation.update_transforms = [t for t in federation.update_transforms if not isinstance(t, ByzantineUpdate)]
+        federation.update_transforms.append(self.transform)
+
+    def on_round_end(self, federation, round_idx: int, metrics: dict) -> None:
+        attackers = self.transform.attackers(round_idx)
+        metrics["attack/byzantine_num_attackers"] = float(len(attackers))
+        for cid in range(federation.data.num_clients):
+            metrics[f"attack/byzantine/client_{cid}"] = float(cid in attackers)
+
+
+class DataPoisoning:
+    def __init__(self, settings: PoisoningSettings, seed: int, rounds: int):
+        self.settings, self.seed, self.rounds = settings, int(seed), int(rounds)
+
+    def on_fit_start(self, federation) -> None:
+        if not isinstance(federation.data, PoisonedData):
+            federation.data = PoisonedData(federation.data, self.settings, self.seed, self.rounds)
+
+    def on_round_start(self, federation, round_idx: int) -> None:
+        federation.data.set_round(round_idx)
+
+    def on_round_end(self, federation, round_idx: int, metrics: dict) -> None:
+        data: PoisonedData = federation.data
+        active = [cid for cid in data.clients if data.active(cid)]
+        metrics["attack/poisoning_num_clients"] = float(len(data.clients))
+        metrics["attack/poisoning_active_clients"] = float(len(active))
+        metrics["attack/poisoning_boxes"] = float(sum(data.poisoned(cid)[1]["n_poisoned"] for cid in active))
+
+
+class EqualizedOdds:
+    """test/eod (+ its four rates) between the protected group and the others (metrics/eod.py for the reading)."""
+
+    def __init__(self, protected_group: int, unprotected_group: int | None = None):
+        self.protected, self.unprotected = int(protected_group), unprotected_group
+        self._warned = False
+
+    def on_round_end(self, federation, model, metrics: dict) -> None:
+        if not federation.fabric.is_global_zero or "test/map" not in metrics and "test/accuracy" not in metrics:
+            return
+        data = base_data(federation.data)
+        try:
+            if is_detection_client(model):
+                preds, gts, _ = model.collect(data.test_loader())
+                res = detection_eod(list(zip(preds, gts)), data.num_groups, self.protected, self.unprotected,
+                                    iou_threshold=model.ufm.iou_threshold, score_threshold=model.ufm.score_threshold)
+            else:
+                pred = classification_outputs(model, data.test_loader(), federation.fabric)
+                res = classification_eod(pred.y, pred.y_pred, pred.groups, data.num_groups, self.protected,
+                                         self.unprotected)
+        except ValueError as err:  # a side without positives / persons in the test split: EOD undefined, say so once
+            if not self._warned:
+                warnings.warn(f"EOD undefined on the test split: {err}", stacklevel=2)
+                self._warned = True
+            return
+        metrics["test/eod"] = res.pop("eod")
+        metrics.update({f"test/eod_{k}": v for k, v in res.items()})
+        metrics["test/eod_protected_group"] = float(self.protected)

@@ -1,0 +1,82 @@
+"""13-condition weather evaluation of the global model: at the last round (and every k rounds), on rank 0.
+
+Adds weather/<condition>_<intensity>/<metric> to the round's metrics, writes weather.json and weather.png into the
+run directory and logs the plot (and the table) to W&B when a WandbLogger is attached.
+
+No per-condition privacy score: the attack metrics in the round's dict (attack/mia_success_rate, ...) were measured
+on clean images; copying them to every condition would report a number nobody measured. A per-condition score
+needs the attacks re-run on corrupted member / non-member images: pass such a function as `extra`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from resfl_lightning.evaluation.weather import (
+    MODES,
+    ExtraMetrics,
+    condition_indices,
+    evaluate_weather,
+    image_conditions,
+    plot_weather,
+    resolve_mode,
+    weather_metrics,
+    write_weather_json,
+)
+
+
+class WeatherEvaluation:
+    def __init__(self, run_dir: Path, every: int | None = None, seed: int = 0, mode: str = "auto",
+                 extra: ExtraMetrics | None = None):
+        if every is not None and int(every) < 1:
+            raise ValueError(f"eval.weather_every must be null or >= 1, got {every}")
+        if mode not in MODES:
+            raise ValueError(f"eval.weather_mode must be one of {MODES}, got {mode!r}")
+        self.run_dir, self.every, self.seed, self.mode, self.extra = Path(run_dir), every, int(seed), mode, extra
+        self.rows: list[dict] = []
+
+    @classmethod
+    def from_config(cls, cfg, run_dir: Path) -> WeatherEvaluation:
+        """From cfg.eval (weather_every, weather_seed, weather_mode); detection datasets only."""
+        from resfl_lightning.config import ConfigError
+
+        if cfg.dataset.task != "detection":
+            raise ConfigError(f"eval.weather: weather corruptions apply to image detection datasets; dataset "
+                              f"{cfg.dataset.name!r} is a {cfg.dataset.task} task")
+        ev = cfg.eval
+        return cls(run_dir, every=ev.get("weather_every"), seed=ev.get("weather_seed", 0),
+                   mode=ev.get("weather_mode", "auto"))
+
+    def due(self, round_idx: int, rounds: int) -> bool:
+        return round_idx == rounds - 1 or (self.every is not None and (round_idx + 1) % int(self.every) == 0)
+
+    def on_fit_start(self, federation) -> None:
+        """Fail before training, not after the last round, when the test split cannot give the 13 conditions."""
+        if federation.fabric.is_global_zero and resolve_mode(federation.data, self.mode) == "metadata":
+            condition_indices(image_conditions(federation.data), federation.data.splits.test)
+
+    def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
+        fabric = federation.fabric
+        if not fabric.is_global_zero or not self.due(round_idx, federation.settings.rounds):
+            return
+        t0 = time.perf_counter()
+        self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode, extra=self.extra)
+        metrics.update(weather_metrics(self.rows))
+        write_weather_json(self.run_dir / "weather.json", self.rows, round=round_idx, seed=self.seed, split="test",
+                           mode=resolve_mode(federation.data, self.mode))
+        png = self.run_dir / "weather.png"
+        plot_weather(self.rows, png, title=f"{self.run_dir.name} (round {round_idx + 1})")
+        self._log_to_wandb(fabric.loggers, png, round_idx)
+        metrics["weather/eval_seconds"] = time.perf_counter() - t0
+
+    def _log_to_wandb(self, loggers, png: Path, step: int) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="weather/plot", images=[str(png)], step=step)
+                first = ["condition", "intensity", "n_images"]
+                columns = first + sorted({k for r in self.rows for k in r} - set(first))
+                logger.log_table(key="weather/table", columns=columns,
+                                 data=[[r.get(c) for c in columns] for r in self.rows], step=step)

@@ -1,0 +1,110 @@
+"""Benchmarks (make bench): step-time ratios of the composite losses and aggregation cost, measured in one run.
+
+    python -m resfl_lightning.bench [--scale n] [--image-size 128] [--batch 16] [--steps 10] [--clients 8]
+"""
+
+from __future__ import annotations
+
+import resfl_lightning.env  # noqa: F401
+
+import argparse
+import statistics
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.detection import DetectionClient
+from resfl_lightning.data.detection import detection_collate
+from resfl_lightning.data.synthetic import SyntheticSceneConfig, generate_scenes
+from resfl_lightning.federation.aggregation import StreamingWeightedSum
+from resfl_lightning.federation.state import FlatLayout
+
+VARIANTS = {
+    "fedavg (task only)": LossWeights(lambda_priv=0.0, lambda_fair=0.0),
+    "resfl (task+adv+unc)": LossWeights(),
+    "resfl + curvfed (lambda_curv=0.1)": LossWeights(lambda_curv=0.1),
+}
+
+
+def synthetic_batch(image_size: int, batch: int) -> dict:
+    scenes = generate_scenes(SyntheticSceneConfig(image_size=image_size, grouping="mst3"), batch, seed=123)
+    ann = scenes.annotations
+    items = []
+    for i in range(batch):
+        rows = ann.rows_of(i)
+        items.append({"img": torch.from_numpy(scenes.load_image(i).transpose(2, 0, 1).copy()),
+                      "cls": torch.from_numpy(ann.cls[rows].astype("float32")).reshape(-1, 1),
+                      "bboxes": torch.from_numpy(ann.boxes[rows]), "groups": torch.from_numpy(ann.groups[rows]),
+                      "proxy": torch.from_numpy(ann.proxy[rows]), "image_id": i})
+    return detection_collate(items)
+
+
+def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01))
+    opt = client.configure_optimizers()
+    times = []
+    for i in range(steps + 2):  # two warm-up steps
+        t0 = time.perf_counter()
+        loss = client.training_step(batch, i)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times[2:]
+
+
+def _spec(scale: str, image_size: int):
+    from resfl_lightning.models.yolo import YoloSpec
+
+    return YoloSpec(num_classes=1, scale=scale, image_size=image_size)
+
+
+def aggregation_cost(scale: str, image_size: int, clients: int) -> tuple[int, float, float]:
+    """Streaming weighted sum over `clients` deltas: seconds per client and peak extra memory in |theta| units."""
+    model = DetectionClient(_spec(scale, image_size), 3, LossWeights(), UfmSettings(), OptimSettings())
+    layout = FlatLayout.of(model)
+    theta = layout.flatten(model)
+    t0 = time.perf_counter()
+    acc = StreamingWeightedSum(layout.numel)
+    for i in range(clients):
+        acc.add(-0.1 * i, theta * 1e-3 * (i + 1))  # stand-in delta, same size as a real one
+    elapsed = (time.perf_counter() - t0) / clients
+    peak_bytes = acc.acc.numel() * acc.acc.element_size()
+    return layout.numel, elapsed, peak_bytes / (layout.numel * 4)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--scale", default="n")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--clients", type=int, default=8)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    batch = synthetic_batch(args.image_size, args.batch)
+    console = Console()
+    table = Table(title=f"train step, YOLOv8-{args.scale} at {args.image_size}px, batch {args.batch}, 1 thread")
+    for col in ("variant", "median s/step", "ratio vs fedavg"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+    base = None
+    for name, weights in VARIANTS.items():
+        med = statistics.median(step_times(weights, args.scale, args.image_size, batch, args.steps))
+        base = base or med
+        table.add_row(name, f"{med:.3f}", f"{med / base:.2f}x")
+    console.print(table)
+    numel, per_client, mem_units = aggregation_cost(args.scale, args.image_size, args.clients)
+    agg = Table(title=f"aggregation over {args.clients} clients (|theta| = {numel:,} floats)")
+    agg.add_column("measure")
+    agg.add_column("value", justify="right")
+    agg.add_row("seconds per folded client delta", f"{per_client:.4f}")
+    agg.add_row("accumulator size / |theta| (fp32)", f"{mem_units:.1f}x (independent of client count)")
+    console.print(agg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""RESFL classification client: evidential TabularNet + GRL adversary on the penultimate features (SPEC §1-3, §8).
+
+Batches are dicts {"x": float (B, F), "y": long (B,), "groups": long (B,) (-1 = unknown), "index": long (B,)}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.losses.adversary import Adversary, adversarial_loss
+from resfl_lightning.losses.curvature import fisher_top_eigenpair
+from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
+from resfl_lightning.metrics.fairness import classification_fairness
+from resfl_lightning.metrics.ufm import UFMResult, ufm_from_samples
+from resfl_lightning.models.tabular import TabularNet
+
+
+@dataclass
+class TabularPredictions:
+    """Eval-mode outputs for every row of a loader (CPU tensors), in loader order."""
+
+    alpha: torch.Tensor  # (N, C) Dirichlet concentrations
+    features: torch.Tensor  # (N, d) penultimate h
+    losses: torch.Tensor  # (N,) Dirichlet NLL
+    y: torch.Tensor  # (N,)
+    groups: torch.Tensor  # (N,)
+    index: torch.Tensor  # (N,) global row index
+
+    @property
+    def alpha0(self) -> torch.Tensor:
+        return self.alpha.sum(dim=-1)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return self.alpha / self.alpha0.unsqueeze(-1)
+
+    @property
+    def y_pred(self) -> torch.Tensor:
+        return self.alpha.argmax(dim=-1)
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.y_pred == self.y).double().mean()) if self.y.numel() else float("nan")
+
+
+class TabularClient(FederatedClient):
+    def __init__(self, num_features: int, num_groups: int, weights: LossWeights, ufm: UfmSettings,
+                 optim: OptimSettings, hidden: Sequence[int] = (256, 128, 64), num_classes: int = 2,
+                 adversary_hidden: int = 128):
+        super().__init__(weights, ufm, optim)
+        self.num_groups, self.num_classes = num_groups, num_classes
+        self.model = TabularNet(num_features, hidden, num_classes)
+        self.adversary = Adversary(self.model.feature_dim, num_groups, hidden=adversary_hidden,
+                                   grl_scale=weights.grl_scale)
+
+    def curvature_parameters(self) -> list[torch.nn.Parameter]:
+        return self.model.head_parameters if self.weights.curv_params == "head" else list(self.model.parameters())
+
+    def _check_batch(self, batch: dict) -> None:
+        x, y = batch["x"], batch["y"]
+        if y.shape != (x.shape[0],) or batch["groups"].shape != y.shape:
+            raise ValueError(f"tabular batch: x {tuple(x.shape)}, y {tuple(y.shape)} and groups "
+                             f"{tuple(batch['groups'].shape)} must share the batch dimension")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+            raise ValueError(f"tabular batch: labels must lie in 0..{self.num_classes - 1}, got {y.unique().tolist()}")
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self._check_batch(batch)
+        out = self.model(batch["x"])
+        y, groups = batch["y"], batch["groups"]
+        onehot = F.one_hot(y, self.num_classes).to(out.alpha.dtype)
+        nll = dirichlet_nll(out.alpha, onehot)
+        task = nll.mean()
+        adv = adversarial_loss(self.adversary, out.features, groups) if self.weights.lambda_priv > 0 else task * 0.0
+        kl = dirichlet_kl_uniform(out.alpha, onehot)
+        correct = out.alpha.argmax(dim=-1) == y
+        # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
+        parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
+        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts)
+
+    @torch.no_grad()
+    def collect(self, loader) -> TabularPredictions:
+        """Eval-mode Dirichlet outputs, features and per-sample NLL for a whole loader."""
+        was_training = self.training
+        self.eval()
+        cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("alpha", "features", "losses", "y", "groups", "index")}
+        for batch in loader:
+            batch = self._fabric.to_device(batch) if self._fabric is not None else batch
+            self._check_batch(batch)
+            out = self.model(batch["x"])
+            onehot = F.one_hot(batch["y"], self.num_classes).to(out.alpha.dtype)
+            values = {"alpha": out.alpha, "features": out.features, "losses": dirichlet_nll(out.alpha, onehot),
+                      "y": batch["y"], "groups": batch["groups"], "index": batch["index"]}
+            for k, v in values.items():
+                cols[k].append(v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu())
+        self.train(was_training)
+        if not cols["y"]:
+            raise ValueError("TabularClient.collect: the loader yielded no batches")
+        return TabularPredictions(**{k: torch.cat(v) for k, v in cols.items()})
+
+    def _ufm(self, pred: TabularPredictions) -> UFMResult:
+        return ufm_from_samples(pred.alpha0, pred.groups, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
+
+    def evaluate(self, loader) -> EvalResult:
+        """UFM over the per-sample Dirichlet strength alpha_0 by group; utility = accuracy (gated like mAP)."""
+        pred = self.collect(loader)
+        acc = pred.accuracy
+        return EvalResult(ufm_raw=float(self._ufm(pred).ufm), utility=acc, utility50=acc,
+                          eval_loss=float(pred.losses.mean()))
+
+    def test_metrics(self, loader) -> dict[str, float]:
+        """Accuracy, per-group selection rate / TPR / FPR, |1-DI| (selection rate), delta-EOP, EO gap, UFM, loss."""
+        pred = self.collect(loader)
+        out = classification_fairness(pred.y, pred.y_pred, pred.groups)
+        out.update(self._ufm(pred).as_dict())
+        out["loss"] = float(pred.losses.mean())
+        return out
+
+    def validation_fim(self, loader, iters: int = 20) -> float:
+        """Top eigenvalue of the empirical Fisher of the per-sample NLL on one validation batch (eval-mode BN)."""
+        was_training = self.training
+        self.eval()  # BatchNorm on running stats: per-sample losses are independent samples
+        batch = next(iter(loader))
+        batch = self._fabric.to_device(batch) if self._fabric is not None else batch
+        with torch.enable_grad():
+            out = self.model(batch["x"])
+            nll = dirichlet_nll(out.alpha, F.one_hot(batch["y"], self.num_classes).to(out.alpha.dtype))
+            eig, _ = fisher_top_eigenpair(nll, self.curvature_parameters(), iters=iters)
+        self.train(was_training)
+        return float(eig)

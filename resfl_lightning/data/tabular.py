@@ -1,0 +1,178 @@
+"""Federated views of a tabular classification dataset (UCI Adult): client shards of the training file, the attack
+reserve, and the official test file as the test split.
+
+Rows live in one index space: the training file's rows first (0..n_train-1), then the test file's rows, so every
+split (and every `index` an attack sees) is a plain row index into the same arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from resfl_lightning.config import ConfigError
+from resfl_lightning.data.adult import ADULT_URL, SENSITIVE_GROUPS, adult_feature_names, load_adult
+from resfl_lightning.data.partition import FederatedSplits, make_federated_splits
+
+ADULT_FILES = ("adult.data", "adult.test")
+
+
+class TabularRows(Dataset):
+    """Rows of (x, y, group) tensors; fetched a whole batch at a time (`__getitems__`), not row by row."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor, indices: np.ndarray) -> None:
+        self.x, self.y, self.groups = x, y, groups
+        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitems__(self, positions: list[int]) -> dict[str, torch.Tensor]:
+        rows = self.indices[torch.as_tensor(positions, dtype=torch.long)]
+        return {"x": self.x[rows], "y": self.y[rows], "groups": self.groups[rows], "index": rows}
+
+    def __getitem__(self, position: int) -> dict[str, torch.Tensor]:
+        batch = self.__getitems__([position])
+        return {k: v[0] for k, v in batch.items()}
+
+
+def _batch_collate(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """__getitems__ already returns the collated batch."""
+    return batch
+
+
+@dataclass
+class FederatedTabularData:
+    """Features, labels and groups split into clients; only loaders leave this object, never raw group arrays."""
+
+    x: torch.Tensor  # float32 (N, F)
+    y: torch.Tensor  # int64 (N,)
+    groups: torch.Tensor  # int64 (N,)
+    splits: FederatedSplits
+    num_groups: int
+    batch_size: int
+    eval_batch_size: int
+    group_names: tuple[str, ...] = ()
+    feature_names: tuple[str, ...] = ()
+    num_classes: int = 2
+    task: str = "classification"
+
+    def __post_init__(self) -> None:
+        n = self.x.shape[0]
+        if self.x.dim() != 2 or self.y.shape != (n,) or self.groups.shape != (n,):
+            raise ValueError(f"tabular data: x {tuple(self.x.shape)}, y {tuple(self.y.shape)} and groups "
+                             f"{tuple(self.groups.shape)} must describe the same rows")
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError(f"batch sizes must be >= 1, got {self.batch_size} and {self.eval_batch_size}")
+        for i, c in enumerate(self.splits.clients):
+            if len(c.train) < 2:
+                raise ValueError(f"client {i} has {len(c.train)} training rows; BatchNorm needs at least 2")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.splits.clients)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x.shape[1])
+
+    def num_train(self, client_id: int) -> int:
+        return len(self.splits.clients[client_id].train)
+
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
+        ds = TabularRows(self.x, self.y, self.groups, indices)
+        size = self.batch_size if train else self.eval_batch_size
+        # A one-row final batch would break BatchNorm in train mode; drop it only then (no other row is ever lost).
+        drop_last = train and len(ds) % size == 1
+        gen = torch.Generator().manual_seed(seed) if shuffle else None
+        return DataLoader(ds, batch_size=size, shuffle=shuffle, generator=gen, drop_last=drop_last,
+                          collate_fn=_batch_collate, num_workers=0)
+
+    def train_loader(self, client_id: int, seed: int) -> DataLoader:
+        return self._loader(self.splits.clients[client_id].train, shuffle=True, seed=seed, train=True)
+
+    def val_loader(self, client_id: int) -> DataLoader:
+        return self._loader(self.splits.clients[client_id].val, shuffle=False)
+
+    def test_loader(self) -> DataLoader:
+        return self._loader(self.splits.test, shuffle=False)
+
+    def reserve_loader(self) -> DataLoader:
+        return self._loader(self.splits.reserve, shuffle=False)
+
+    def loader_for(self, indices: np.ndarray) -> DataLoader:
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.x.shape[0]):
+            raise ValueError(f"loader_for: row indices must lie in 0..{self.x.shape[0] - 1}")
+        return self._loader(indices, shuffle=False)
+
+
+def federated_tabular_data(x_train: np.ndarray, y_train: np.ndarray, s_train: np.ndarray, x_test: np.ndarray,
+                           y_test: np.ndarray, s_test: np.ndarray, num_groups: int, cfg: DictConfig, seed: int,
+                           group_names: tuple[str, ...] = (), feature_names: tuple[str, ...] = ()
+                           ) -> FederatedTabularData:
+    """Client shards + reserve from the training rows (stratified by group); the test rows form the test split."""
+    if float(cfg.get("test_fraction", 0.0)) != 0.0:
+        raise ConfigError(f"dataset.test_fraction: {cfg.name} is tested on its own test file, so the training file "
+                          f"is not split for testing; set it to 0 (got {cfg.test_fraction})")
+    n_train = len(y_train)
+    part = make_federated_splits(s_train, num_clients=int(cfg.num_clients), test_fraction=0.0,
+                                 reserve_fraction=float(cfg.reserve_fraction), val_fraction=float(cfg.val_fraction),
+                                 partition=cfg.partition, alpha=float(cfg.dirichlet_alpha), seed=seed,
+                                 dirichlet_centre=cfg.get("dirichlet_centre", "uniform"))
+    splits = dataclasses.replace(part, test=np.arange(n_train, n_train + len(y_test), dtype=np.int64))
+    return FederatedTabularData(
+        x=torch.from_numpy(np.concatenate([x_train, x_test]).astype(np.float32)),
+        y=torch.from_numpy(np.concatenate([y_train, y_test]).astype(np.int64)),
+        groups=torch.from_numpy(np.concatenate([s_train, s_test]).astype(np.int64)),
+        splits=splits, num_groups=num_groups, batch_size=int(cfg.batch_size),
+        eval_batch_size=int(cfg.get("eval_batch_size") or cfg.batch_size), group_names=tuple(group_names),
+        feature_names=tuple(feature_names))
+
+
+# ---- UCI Adult -----------------------------------------------------------------------------------------------
+
+
+def expected_num_features(cfg: DictConfig) -> int:
+    """Width of the preprocessed Adult features for this config (105, less the sensitive block when dropped)."""
+    return len(adult_feature_names((cfg.sensitive,) if cfg.get("drop_sensitive", False) else ()))
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Fail before any process starts: dataset.root set and holding the UCI files (or download allowed), and
+    dataset.num_features matching the preprocessing."""
+    if cfg.sensitive not in SENSITIVE_GROUPS:
+        raise ConfigError(f"dataset.sensitive: must be one of {', '.join(SENSITIVE_GROUPS)}, got {cfg.sensitive!r}")
+    download = bool(cfg.get("download", False))
+    if cfg.get("root") in (None, ""):
+        raise ConfigError(f"dataset.root: not set. Point it at the folder holding {' and '.join(ADULT_FILES)} "
+                          f"(dataset.root=/path/to/adult or ADULT_ROOT=/path/to/adult), from {ADULT_URL}")
+    root = Path(str(cfg.root)).expanduser()
+    missing = [name for name in ADULT_FILES if not (root / name).is_file()]
+    if missing and not download:
+        raise ConfigError(f"dataset.root: {root} lacks {', '.join(missing)} (expected {' and '.join(ADULT_FILES)} "
+                          f"from {ADULT_URL}); fix dataset.root or set dataset.download=true")
+    expected = expected_num_features(cfg)
+    if int(cfg.num_features) != expected:
+        raise ConfigError(f"dataset.num_features: Adult with sensitive={cfg.sensitive} and drop_sensitive="
+                          f"{bool(cfg.get('drop_sensitive', False))} has {expected} features, "
+                          f"got {cfg.num_features}; set dataset.num_features={expected}")
+
+
+def build(cfg: DictConfig, seed: int) -> FederatedTabularData:
+    """Adult from dataset.root: IID (or Dirichlet) client shards of adult.data, adult.test as the test split."""
+    preflight(cfg)
+    adult = load_adult(Path(str(cfg.root)).expanduser(), sensitive=cfg.sensitive, download=bool(cfg.download),
+                       drop_sensitive=bool(cfg.get("drop_sensitive", False)))
+    if adult.X_train.shape[1] != int(cfg.num_features):  # preflight's count and the loader must agree
+        raise ConfigError(f"dataset.num_features: the loaded data has {adult.X_train.shape[1]} features, "
+                          f"config says {cfg.num_features}")
+    return federated_tabular_data(adult.X_train, adult.y_train, adult.s_train, adult.X_test, adult.y_test,
+                                  adult.s_test, num_groups=len(adult.group_names), cfg=cfg, seed=seed,
+                                  group_names=tuple(adult.group_names), feature_names=tuple(adult.feature_names))

@@ -1,0 +1,132 @@
+"""One command for the privacy comparison: RESFL and FedAvg on the same data and seed, each attacked by the
+honest-but-curious server (attack=privacy), reported side by side.
+
+    python -m resfl_lightning.privacy_report [--out runs/privacy-report] [--algorithms resfl fedavg]
+                                             [--robustness] [--reuse] [HYDRA_OVERRIDE ...]
+
+Each algorithm is one run of the real entry point (`python -m resfl_lightning.train algorithm=A attack=privacy
+run_dir=OUT/A ...` plus the overrides), run one after the other. With --robustness each algorithm also gets a
+Byzantine run (attack=byzantine) and a poisoning run (attack=poisoning); their BA AD and DPA EODD are taken against
+the privacy run, which trains exactly like a clean run (the privacy attacks are passive: they run after aggregation
+on an isolated RNG) and logs test/eod. The table goes to stdout, everything to OUT/privacy_report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from resfl_lightning.compare import compare_runs, format_value, load_run
+
+ROWS = (
+    ("mAP@50-95", "test/map"),
+    ("mAP@50", "test/map_50"),
+    ("Fairness Score (|1-DI|+dEOP)/2", "score/fairness"),
+    ("EOD (protected vs rest)", "test/eod"),
+    ("MIA SR (balanced accuracy)", "attack/mia_success_rate"),
+    ("MIA AUC", "attack/mia_auc"),
+    ("MIA TPR @ FPR 1%", "attack/mia_tpr_at_fpr_1"),
+    ("MIA TPR @ FPR 5%", "attack/mia_tpr_at_fpr_5"),
+    ("MIA TPR @ FPR 10%", "attack/mia_tpr_at_fpr_10"),
+    ("MIA members / non-members", "attack/mia_n_members"),
+    ("AIA SR (top-1)", "attack/aia_top1"),
+    ("AIA macro-F1", "attack/aia_macro_f1"),
+    ("AIA chance rate", "attack/aia_chance_rate"),
+    ("AIA persons", "attack/aia_n_samples"),
+    ("update-AIA top-1", "attack/update_aia_top1"),
+    ("update-AIA chance rate", "attack/update_aia_chance_rate"),
+    ("Privacy Score (MIA SR+AIA SR)/2", "score/privacy"),
+)
+ROBUSTNESS_ROWS = (("BA AD (rel. mAP drop, Byzantine)", "ba_ad"), ("DPA EODD (poisoning)", "dpa_eodd"))
+
+
+def train_command(algorithm: str, attack: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "resfl_lightning.train", f"algorithm={algorithm}", f"attack={attack}",
+            f"run_dir={run_dir}", "progress=false", *overrides]
+
+
+def run_training(cmd: list[str], run_dir: Path, reuse: bool) -> float:
+    """Run one training subprocess (skipped with --reuse when its summary.json exists); returns the wall time."""
+    if reuse and (run_dir / "summary.json").is_file():
+        print(f"reusing {run_dir}", flush=True)
+        return 0.0
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training run for {run_dir} failed with exit code {proc.returncode}")
+    return time.perf_counter() - t0
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 2:
+        return f"{int(v)}"
+    return format_value(v)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    algos = list(report["runs"])
+    table = Table(title="Privacy under an honest-but-curious server (lower SR / score = more private)")
+    table.add_column("metric")
+    for a in algos:
+        table.add_column(a, justify="right")
+    for label, key in ROWS:
+        table.add_row(label, *[_fmt(report["runs"][a]["metrics"].get(key)) for a in algos])
+    if any("robustness" in report["runs"][a] for a in algos):
+        for label, key in ROBUSTNESS_ROWS:
+            table.add_row(label, *[_fmt(report["runs"][a].get("robustness", {}).get(key)) for a in algos])
+    table.add_row("wall time (s)", *[_fmt(round(report["runs"][a]["wall_s"], 1)) for a in algos])
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m resfl_lightning.privacy_report",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/privacy-report"), help="parent of the run directories")
+    parser.add_argument("--algorithms", nargs="+", default=["resfl", "fedavg"])
+    parser.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
+    parser.add_argument("--reuse", action="store_true", help="skip runs whose summary.json already exists")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. federation.rounds=10")
+    args = parser.parse_args(argv)
+    bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") in ("algorithm", "attack", "run_dir")]
+    if bad:
+        parser.error(f"{bad}: algorithm, attack and run_dir are set by the report")
+    report: dict[str, Any] = {"overrides": args.overrides, "runs": {}}
+    try:
+        for algo in args.algorithms:
+            run_dir = args.out / algo
+            wall = run_training(train_command(algo, "privacy", run_dir, args.overrides), run_dir, args.reuse)
+            entry: dict[str, Any] = {"run_dir": str(run_dir), "wall_s": wall,
+                                     "metrics": load_run(run_dir)["summary"]}
+            if args.robustness:
+                entry["robustness"] = {}
+                for attack, key in (("byzantine", "ba_ad"), ("poisoning", "dpa_eodd")):
+                    attacked = args.out / f"{algo}-{attack}"
+                    entry["wall_s"] += run_training(train_command(algo, attack, attacked, args.overrides), attacked,
+                                                    args.reuse)
+                    cmp = compare_runs(load_run(run_dir), load_run(attacked))
+                    (attacked / "comparison.json").write_text(json.dumps(cmp, indent=2, sort_keys=True))
+                    entry["robustness"][key] = cmp["metrics"][key]["value"]
+                    entry["robustness"][f"{key}_detail"] = cmp["metrics"][key]
+            report["runs"][algo] = entry
+    except (RuntimeError, FileNotFoundError) as err:
+        print(f"privacy_report: {err}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "privacy_report.json"
+    out.write_text(json.dumps(report, indent=2, sort_keys=True))
+    print_report(report)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
