@@ -20,6 +20,7 @@ from resfl_lightning.attacks.runtime import (
     is_detection_client,
     parameter_mask,
 )
+from resfl_lightning.config import ConfigError
 from resfl_lightning.metrics.eod import classification_eod, detection_eod
 
 
@@ -68,9 +69,17 @@ class EqualizedOdds:
         self.protected, self.unprotected = int(protected_group), unprotected_group
         self._warned = False
 
+    def on_fit_start(self, federation) -> None:
+        g = base_data(federation.data).num_groups
+        for key, value in (("protected_group", self.protected), ("unprotected_group", self.unprotected)):
+            if value is not None and not 0 <= value < g:
+                raise ConfigError(f"attack.eod.{key}={value} is not a group of this dataset (0..{g - 1})")
+        if self.unprotected == self.protected:
+            raise ConfigError(f"attack.eod.unprotected_group equals protected_group ({self.protected})")
+
     def on_round_end(self, federation, model, metrics: dict) -> None:
-        if not federation.fabric.is_global_zero or "test/map" not in metrics and "test/accuracy" not in metrics:
-            return
+        if not federation.fabric.is_global_zero or ("test/map" not in metrics and "test/accuracy" not in metrics):
+            return  # only on rounds where the global evaluation ran
         data = base_data(federation.data)
         try:
             if is_detection_client(model):

@@ -48,7 +48,7 @@ class RunFiles:
             return
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
-        self.summary.update({k: v for k, v in metrics.items() if k.startswith(("test/", "attack/", "score/"))})
+        self.summary.update({k: v for k, v in metrics.items() if k.startswith(("test/", "attack/", "score/", "weather/"))})
         self.summary["rounds_completed"] = round_idx + 1
 
     def on_fit_end(self, federation) -> None:

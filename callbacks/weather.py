@@ -27,6 +27,8 @@ from resfl_lightning.evaluation.weather import (
 
 
 class WeatherEvaluation:
+    """Weather table of the global model at the last round (and every `every` rounds); `extra` adds metrics."""
+
     def __init__(self, run_dir: Path, every: int | None = None, seed: int = 0, mode: str = "auto",
                  extra: ExtraMetrics | None = None):
         if every is not None and int(every) < 1:

@@ -34,6 +34,7 @@ import lightning as L
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 from torch.utils.data import DataLoader
 
 import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
@@ -105,7 +106,10 @@ def load_run_config(run_dir: Path, dataset: str | None = None, overrides: Sequen
     if bad:
         raise ValueError(f"overrides must look like KEY=VALUE, got {bad}")
     OmegaConf.set_struct(cfg, True)  # an override naming a key the run does not have is a typo: fail
-    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides))) if overrides else cfg
+    except ConfigKeyError as err:
+        raise ValueError(f"override {err.full_key}: the run's config {path} has no such key") from None
 
 
 def backbone_parameters(client: FederatedClient) -> list[torch.nn.Parameter]:

@@ -1,4 +1,4 @@
-"""Attack wiring: EOD, settings/config groups, reserve split, Byzantine transform, poisoning wrapper, scores, compare."""
+"""Attack wiring: EOD, settings and config groups, reserve split, Byzantine, poisoning wrapper, scores, compare."""
 
 from __future__ import annotations
 
@@ -360,3 +360,12 @@ def test_compare_undefined_missing_and_mismatched(tmp_path, capsys):
     assert compare.load_run(jsonl)["summary"]["test/map"] == 0.1
     assert compare.main([str(tmp_path / "missing"), str(other)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_eod_callback_rejects_groups_outside_the_dataset():
+    fed = type("Fed", (), {"data": tiny_detection_data(n_images=12)})
+    EqualizedOdds(2).on_fit_start(fed)
+    with pytest.raises(ConfigError, match="protected_group=3"):
+        EqualizedOdds(3).on_fit_start(fed)
+    with pytest.raises(ConfigError, match="equals"):
+        EqualizedOdds(1, 1).on_fit_start(fed)

@@ -29,6 +29,8 @@ def train(workdir: Path, name: str, *overrides: str) -> dict:
     run_dir = workdir / name
     cmd = [sys.executable, "-m", "resfl_lightning.train", "logger=none", "progress=false", "model.scale=femto",
            "dataset.num_images=120", "federation.rounds=2", "dataset.reserve_fraction=0.25",
+           # tau 0.05: a 2-round femto model has detections above it, so TPR / FPR (and EOD) are not all zero
+           "ufm.score_threshold=0.05",
            f"dataset.cache_dir={workdir / 'cache'}", f"run_dir={run_dir}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -76,7 +78,13 @@ def test_byzantine_run_and_ba_ad(workdir, clean):
 def test_poisoning_run_and_dpa_eodd(workdir, clean):
     s = train(workdir, "poisoning", "attack=poisoning", "attack.poisoning.fraction=0.5")
     assert s["attack/poisoning_num_clients"] == 2 and s["attack/poisoning_boxes"] > 0
-    assert s["test/eod_protected_group"] == 2
+    assert s["test/loss"] != clean["test/loss"]  # the poisoned annotations reached training
+    for run in (clean, s):
+        assert run["test/eod_protected_group"] == 2
+        assert run["test/eod_tpr_protected"] == pytest.approx(run["test/tpr/2"])  # same matching as the evaluation
+        assert run["test/eod"] == pytest.approx(abs(run["test/eod_tpr_protected"] - run["test/eod_tpr_unprotected"])
+                                                + abs(run["test/eod_fpr_protected"] - run["test/eod_fpr_unprotected"]))
+        assert run["test/eod_fpr_protected"] + run["test/eod_fpr_unprotected"] > 0  # not a trivial 0 - 0
     result, stdout = run_compare(workdir, "clean", "poisoning")
     assert result["metrics"]["dpa_eodd"]["value"] == pytest.approx(s["test/eod"] - clean["test/eod"])
     assert "dpa_eodd" in stdout

@@ -23,7 +23,7 @@ def test_train_entry_point_on_adult(algorithm, shared_data, tmp_path):
         pytest.skip(f"Adult files not found under {root}")
     run_dir = tmp_path / algorithm
     cmd = [sys.executable, "-m", "resfl_lightning.train", "dataset=adult", f"dataset.root={root}",
-           f"algorithm={algorithm}", "logger=none", "progress=false", "federation.rounds=2", "optim.lr=0.01",
+           f"algorithm={algorithm}", "logger=none", "progress=false", "federation.rounds=2",
            "eval.every=1", f"run_dir={run_dir}"]
     env = {**os.environ, "WANDB_MODE": "offline", "YOLO_OFFLINE": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -303,7 +303,7 @@ def test_load_run_config(tmp_path):
     OmegaConf.save(OmegaConf.create({"dataset": {"name": "x", "num_images": 5}, "seed": 1}), tmp_path / "config.yaml")
     cfg = load_run_config(tmp_path, overrides=["dataset.num_images=80"])
     assert cfg.seed == 1 and cfg.dataset.num_images == 80
-    with pytest.raises(Exception, match="num_imgs"):
+    with pytest.raises(ValueError, match="dataset.num_imgs: the run's config"):
         load_run_config(tmp_path, overrides=["dataset.num_imgs=80"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         load_run_config(tmp_path, overrides=["dataset.num_images"])

@@ -59,6 +59,13 @@ class UfmSettings:
             raise ValueError(f"ufm.ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.score_threshold <= 1.0:
             raise ValueError(f"ufm.score_threshold must be in [0, 1], got {self.score_threshold}")
+        for key in ("drop_fraction", "flip_rate"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"ufm.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.cohorts not in ("groups", "cluster", "slices", "proxy"):
+            raise ValueError(f"ufm.cohorts must be groups, cluster, slices or proxy, got {self.cohorts!r}")
+        if self.num_cohorts < 2:
+            raise ValueError(f"ufm.num_cohorts must be >= 2, got {self.num_cohorts}")
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.cohorts import effective_mode, ufm_cohorts
 from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.losses.adversary import Adversary, adversarial_loss, roi_pool_features
 from resfl_lightning.losses.curvature import fisher_top_eigenpair
@@ -55,45 +56,60 @@ class DetectionClient(FederatedClient):
         return self.compose_loss(res.task, adv, unc_values, res.fg_groups, res.per_image_cls, res.parts)
 
     @torch.no_grad()
-    def predict_batch(self, batch: dict) -> tuple[list[dict], list[dict], torch.Tensor]:
+    def predict_batch(self, batch: dict, with_features: bool = False):
+        """Post-NMS predictions, ground truth and the task loss of one batch (+ per-person features if asked)."""
         out = self.model(batch["img"])
         preds = self.model.predict(out, conf=self.map_conf, iou=self.ufm.iou_threshold, max_det=self.max_det)
         gts = ground_truth_for(batch)
-        return preds, gts, self.criterion.compute(out, batch).task
+        loss = self.criterion.compute(out, batch).task
+        if not with_features:
+            return preds, gts, loss
+        feats = self.person_features(out["feats"], batch)
+        owner = batch["batch_idx"].long()
+        return preds, gts, loss, [feats[owner == i] for i in range(len(gts))]
 
-    def collect(self, loader) -> tuple[list[dict], list[dict], float]:
-        """Eval-mode predictions and ground truth for a whole loader, plus the mean task loss."""
+    def collect(self, loader, with_features: bool = False):
+        """Eval-mode predictions and ground truth for a whole loader, the mean task loss (and person features)."""
         was_training = self.training
         self.eval()
-        preds, gts, losses = [], [], []
+        preds, gts, losses, feats = [], [], [], []
         for batch in loader:
             batch = self._fabric.to_device(batch) if self._fabric is not None else batch
-            p, g, loss = self.predict_batch(batch)
+            p, g, loss, *f = self.predict_batch(batch, with_features)
             preds += [{k: v.cpu() for k, v in d.items()} for d in p]
             gts += [{k: v.cpu() for k, v in d.items()} for d in g]
+            feats += [x.cpu() for x in f[0]] if f else []
             losses.append(float(loss))
         self.train(was_training)
-        return preds, gts, sum(losses) / max(len(losses), 1)
+        mean_loss = sum(losses) / max(len(losses), 1)
+        return (preds, gts, mean_loss, feats) if with_features else (preds, gts, mean_loss)
 
-    def _ufm(self, preds: list[dict], gts: list[dict]):
+    def _collect_for_ufm(self, loader):
+        needs_features = effective_mode(self.ufm) == "cluster"
+        preds, gts, loss, *feats = self.collect(loader, with_features=needs_features)
+        return preds, gts, loss, (feats[0] if feats else None)
+
+    def _ufm(self, preds: list[dict], gts: list[dict], features=None):
         u = self.ufm
-        return ufm_from_detections(list(zip(preds, gts)), score_threshold=u.score_threshold,
+        cohorts = ufm_cohorts(preds, gts, u, self.num_groups, seed=self.client_id + 1000 * self.round_idx,
+                              features=features)
+        return ufm_from_detections(list(zip(preds, gts)), cohorts=cohorts, score_threshold=u.score_threshold,
                                    iou_threshold=u.iou_threshold, evidence_floor=u.evidence_floor, eps=u.eps)
 
     def evaluate(self, loader) -> EvalResult:
-        preds, gts, loss = self.collect(loader)
+        preds, gts, loss, feats = self._collect_for_ufm(loader)
         ap = detection_map(preds, gts)
-        return EvalResult(ufm_raw=float(self._ufm(preds, gts).ufm), utility=float(ap["map"]),
+        return EvalResult(ufm_raw=float(self._ufm(preds, gts, feats).ufm), utility=float(ap["map"]),
                           utility50=float(ap["map_50"]), eval_loss=loss)
 
     def test_metrics(self, loader) -> dict[str, float]:
         """mAP@50-95 / @50, group TPR, |1-DI|, delta-EOP, fairness score, per-group evidence, global UFM."""
-        preds, gts, loss = self.collect(loader)
+        preds, gts, loss, feats = self._collect_for_ufm(loader)
         u = self.ufm
         out = {k: float(v) for k, v in detection_map(preds, gts).items()}
         out.update(detection_fairness(list(zip(preds, gts)), self.num_groups, iou_threshold=u.iou_threshold,
                                       score_threshold=u.score_threshold))
-        out.update(self._ufm(preds, gts).as_dict())
+        out.update(self._ufm(preds, gts, feats).as_dict())
         out["loss"] = loss
         return out
 

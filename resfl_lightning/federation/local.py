@@ -17,6 +17,8 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
     optimizer = client.configure_optimizers()
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * lr_factor
+    # Fabric's optimizer wrapper lets the precision plugin unscale AMP gradients and skip overflowing steps.
+    optimizer = fabric.setup_optimizers(optimizer)
     steps = 0
     for epoch in range(epochs):
         for batch_idx, batch in enumerate(loader_for_epoch(epoch)):
@@ -29,7 +31,7 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
             optimizer.zero_grad(set_to_none=True)
             fabric.backward(loss)
             if client.optim.grad_clip:
-                torch.nn.utils.clip_grad_norm_(client.parameters(), client.optim.grad_clip)
+                fabric.clip_gradients(client, optimizer, max_norm=client.optim.grad_clip, error_if_nonfinite=False)
             optimizer.step()
             steps += 1
     return steps
