@@ -6,8 +6,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-HEADLINE = ("test/map", "test/map_50", "test/delta_eop", "test/abs_one_minus_di", "test/fairness_score", "test/ufm",
-            "clients/mean_u", "attack/mia_success_rate", "attack/aia_success_rate", "score/privacy")
+HEADLINE = ("test/map", "test/map_50", "test/accuracy", "test/delta_eop", "test/abs_one_minus_di", "test/eo_gap",
+            "test/fairness_score", "test/ufm", "clients/mean_u", "attack/mia_success_rate", "attack/aia_top1",
+            "score/privacy", "weather/adverse_mean/map")
 
 
 class RichProgress:

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+SUMMARY_PREFIXES = ("test/", "attack/", "score/", "weather/")
+
 
 def _jsonable(v):
     if isinstance(v, float) and not math.isfinite(v):
@@ -48,7 +50,7 @@ class RunFiles:
             return
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
-        self.summary.update({k: v for k, v in metrics.items() if k.startswith(("test/", "attack/", "score/", "weather/"))})
+        self.summary.update({k: v for k, v in metrics.items() if k.startswith(SUMMARY_PREFIXES)})
         self.summary["rounds_completed"] = round_idx + 1
 
     def on_fit_end(self, federation) -> None:

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import resfl_lightning.env  # noqa: F401
-
 import argparse
 import statistics
 import time
@@ -15,6 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+import resfl_lightning.env  # noqa: F401
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import detection_collate

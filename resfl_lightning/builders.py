@@ -42,8 +42,9 @@ def federation_settings(cfg: DictConfig) -> FederationSettings:
     )
 
 
-def build_client(cfg: DictConfig, num_groups: int, num_classes: int):
+def build_client(cfg: DictConfig, data):
     """A fresh client module (detection or tabular) for the configured dataset and model."""
+    num_groups, num_classes = data.num_groups, data.num_classes
     if cfg.dataset.task == "detection":
         from resfl_lightning.clients.detection import DetectionClient
         from resfl_lightning.models.yolo import YoloSpec
@@ -54,8 +55,9 @@ def build_client(cfg: DictConfig, num_groups: int, num_classes: int):
                                adversary_hidden=cfg.algorithm.adversary_hidden)
     from resfl_lightning.clients.tabular import TabularClient
 
-    return TabularClient(cfg.dataset.num_features, num_groups, loss_weights(cfg), ufm_settings(cfg),
-                         optim_settings(cfg), hidden=tuple(cfg.model.hidden))
+    return TabularClient(data.num_features, num_groups, loss_weights(cfg), ufm_settings(cfg), optim_settings(cfg),
+                         hidden=tuple(cfg.model.hidden), num_classes=num_classes,
+                         adversary_hidden=cfg.algorithm.adversary_hidden)
 
 
 def build_logger(cfg: DictConfig, run_dir: Path):
@@ -157,7 +159,7 @@ def build_run(cfg: DictConfig) -> Job:
 
         torch.set_num_threads(int(cfg.fabric.threads_per_process))
     data = build_federated_data(cfg.dataset, seed=cfg.seed, rank_zero=fabric.is_global_zero, printer=fabric.print)
-    factory = partial(build_client, cfg, data.num_groups, data.num_classes)
+    factory = partial(build_client, cfg, data)
     aggregator = build_aggregator(cfg.algorithm.aggregation, beta=cfg.algorithm.beta, eps=cfg.algorithm.curv_eps)
     run_id = logger.version if (logger is not None and fabric.is_global_zero and cfg.logger.kind == "wandb") else ""
     federation = Federation(fabric=fabric, client_factory=factory, data=data, aggregator=aggregator,

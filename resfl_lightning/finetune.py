@@ -218,7 +218,7 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
         torch.set_num_threads(int(cfg.fabric.threads_per_process))
     seed_all(cfg.seed)
     data = build_federated_data(cfg.dataset, seed=cfg.seed, printer=fabric.print)  # the run's splits (same seed)
-    client = build_client(cfg, data.num_groups, data.num_classes)
+    client = build_client(cfg, data)
     if settings.lambda_priv is not None:
         client.weights.lambda_priv = float(settings.lambda_priv)
     client = fabric.to_device(client)

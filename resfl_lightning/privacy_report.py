@@ -51,16 +51,24 @@ def train_command(algorithm: str, attack: str, run_dir: Path, overrides: list[st
 
 
 def run_training(cmd: list[str], run_dir: Path, reuse: bool) -> float:
-    """Run one training subprocess (skipped with --reuse when its summary.json exists); returns the wall time."""
+    """Run one training subprocess (skipped with --reuse when its summary.json exists); returns the wall time.
+
+    Its output goes to <run_dir>.log beside the run directory (the tail is shown when it fails)."""
     if reuse and (run_dir / "summary.json").is_file():
         print(f"reusing {run_dir}", flush=True)
         return 0.0
-    print("$ " + " ".join(cmd[1:]), flush=True)
+    log = run_dir.with_name(run_dir.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print("$ python " + " ".join(cmd[1:]) + f"   (log: {log})", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, check=False)
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"training run for {run_dir} failed with exit code {proc.returncode}")
-    return time.perf_counter() - t0
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise RuntimeError(f"training run for {run_dir} failed with exit code {proc.returncode}:\n{tail}")
+    print(f"  done in {wall:.1f} s", flush=True)
+    return wall
 
 
 def _fmt(v: Any) -> str:
@@ -83,7 +91,7 @@ def print_report(report: dict[str, Any]) -> None:
     if any("robustness" in report["runs"][a] for a in algos):
         for label, key in ROBUSTNESS_ROWS:
             table.add_row(label, *[_fmt(report["runs"][a].get("robustness", {}).get(key)) for a in algos])
-    table.add_row("wall time (s)", *[_fmt(round(report["runs"][a]["wall_s"], 1)) for a in algos])
+    table.add_row("wall time (s)", *[f"{report['runs'][a]['wall_s']:.1f}" for a in algos])
     Console().print(table)
 
 

@@ -22,7 +22,8 @@ def test_default_config_is_valid_and_resolves():
     assert cfg.federation.rounds == cfg.dataset.recipe.rounds  # recipe interpolation
     assert "lp0.1-lf0.01-b2.0" in cfg.run_name
     paper = compose_config("experiment=paper")
-    assert paper.federation.rounds == 100 and paper.optim.lr == 1e-3 and list(paper.federation.lr_milestones) == [50, 75]
+    assert paper.federation.rounds == 100 and paper.optim.lr == 1e-3
+    assert list(paper.federation.lr_milestones) == [50, 75]
 
 
 @pytest.mark.parametrize(

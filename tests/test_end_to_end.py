@@ -21,7 +21,8 @@ def train(run_dir: Path, *overrides: str, check: bool = True) -> subprocess.Comp
     cmd = [sys.executable, "-m", "resfl_lightning.train", *TINY, f"run_dir={run_dir}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{tail}")
     return proc
 
 

@@ -198,6 +198,47 @@ def test_evaluate_accuracy_loss_and_ufm_against_references():
     assert result.eval_loss == pytest.approx(nll.mean().item(), rel=1e-5)
 
 
+def test_label_free_and_partial_label_ufm_cohorts():
+    from sklearn.cluster import KMeans
+
+    data = toy_data()
+    client = make_client()
+    train_steps(client, data, steps=40)
+    client.begin_client(1, round_idx=2)
+    loader = data.val_loader(1)
+    pred = client.collect(loader)
+    a0 = pred.alpha0.double().numpy()
+
+    def ufm_of(cohorts: np.ndarray) -> float:
+        inv = np.array([1.0 / a0[cohorts == c].mean() for c in np.unique(cohorts[cohorts >= 0])])
+        return (inv.max() - inv.min()) / (inv.mean() + 1e-6)
+
+    # Slices: 3 equal-size strata of vacuity 1/alpha0 by rank.
+    client.ufm = UfmSettings(cohorts="slices", num_cohorts=3)
+    strata = np.empty(len(a0), np.int64)
+    strata[np.argsort(1.0 / a0, kind="stable")] = np.arange(len(a0)) * 3 // len(a0)
+    assert client.evaluate(loader).ufm_raw == pytest.approx(ufm_of(strata), rel=1e-5)
+    # Cluster: k-means on the L2-normalised penultimate features; every group label dropped falls back to it.
+    client.ufm = UfmSettings(cohorts="cluster", num_cohorts=2)
+    x = pred.features.double().numpy()
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    seed = 1 + 1000 * 2
+    clusters = KMeans(n_clusters=2, random_state=seed, n_init=10).fit_predict(x)
+    assert client.evaluate(loader).ufm_raw == pytest.approx(ufm_of(clusters), rel=1e-5)
+    client.ufm = UfmSettings(cohorts="groups", drop_fraction=1.0, num_cohorts=2)
+    assert client.evaluate(loader).ufm_raw == pytest.approx(ufm_of(clusters), rel=1e-5)
+    # Partial labels: a fraction of the true groups is hidden (-1) before UFM.
+    client.ufm = UfmSettings(drop_fraction=0.5)
+    partial = client.ufm_cohorts(pred).numpy()
+    known = partial >= 0
+    assert known.sum() == len(a0) - round(0.5 * len(a0))
+    np.testing.assert_array_equal(partial[known], pred.groups.numpy()[known])
+    assert client.evaluate(loader).ufm_raw == pytest.approx(ufm_of(partial), rel=1e-5)
+    client.ufm = UfmSettings(cohorts="proxy")
+    with pytest.raises(ValueError, match="proxy"):
+        client.evaluate(loader)
+
+
 def test_test_metrics_match_fairlearn_on_the_same_predictions():
     data = toy_data(n_test=900)
     client = make_client()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -23,7 +25,8 @@ def test_dataset_adult_selects_the_tabular_model_and_recipe():
     validate_config(cfg)
     settings = federation_settings(cfg)
     assert settings.lr_milestones == () and settings.lr_factor(9) == 1.0
-    client = build_client(cfg, num_groups=5, num_classes=2)
+    data = SimpleNamespace(num_groups=5, num_classes=2, num_features=105)
+    client = build_client(cfg, data)
     assert isinstance(client, TabularClient) and client.model.body[0].in_features == 105
     assert client.model.hidden == (256, 128, 64) and client.adversary.num_groups == 5
 

@@ -12,11 +12,19 @@ import torch
 import torch.nn.functional as F
 
 from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.cohorts import effective_mode
 from resfl_lightning.losses.adversary import Adversary, adversarial_loss
 from resfl_lightning.losses.curvature import fisher_top_eigenpair
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
 from resfl_lightning.metrics.fairness import classification_fairness
-from resfl_lightning.metrics.ufm import UFMResult, ufm_from_samples
+from resfl_lightning.metrics.ufm import (
+    UFMResult,
+    cohorts_kmeans,
+    cohorts_vacuity_slices,
+    drop_group_labels,
+    flip_group_labels,
+    ufm_from_samples,
+)
 from resfl_lightning.models.tabular import TabularNet
 
 
@@ -103,11 +111,32 @@ class TabularClient(FederatedClient):
             raise ValueError("TabularClient.collect: the loader yielded no batches")
         return TabularPredictions(**{k: torch.cat(v) for k, v in cols.items()})
 
+    def ufm_cohorts(self, pred: TabularPredictions) -> torch.Tensor:
+        """Per-sample cohort ids for UFM (SPEC §3): the true groups, partial / noisy groups, or label-free cohorts."""
+        u = self.ufm
+        mode = effective_mode(u)
+        seed = self.client_id + 1000 * self.round_idx  # the detection client's seeding, so runs stay comparable
+        if mode == "groups":
+            groups = pred.groups
+            if u.flip_rate > 0:
+                groups = flip_group_labels(groups, u.flip_rate, self.num_groups, seed)
+            if u.drop_fraction > 0:
+                groups = drop_group_labels(groups, u.drop_fraction, seed + 1)
+            return groups
+        n = pred.y.numel()
+        if mode == "cluster":
+            return cohorts_kmeans(pred.features, min(u.num_cohorts, n), seed)
+        if mode == "slices":
+            return cohorts_vacuity_slices(1.0 / pred.alpha0.double(), min(u.num_cohorts, n))
+        raise ValueError(f"ufm.cohorts={u.cohorts!r} needs a proxy column, which tabular data does not provide; "
+                         "use groups, cluster or slices")
+
     def _ufm(self, pred: TabularPredictions) -> UFMResult:
-        return ufm_from_samples(pred.alpha0, pred.groups, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
+        return ufm_from_samples(pred.alpha0, self.ufm_cohorts(pred), evidence_floor=self.ufm.evidence_floor,
+                                eps=self.ufm.eps)
 
     def evaluate(self, loader) -> EvalResult:
-        """UFM over the per-sample Dirichlet strength alpha_0 by group; utility = accuracy (gated like mAP)."""
+        """UFM over the per-sample Dirichlet strength alpha_0 by cohort; utility = accuracy (gated like mAP)."""
         pred = self.collect(loader)
         acc = pred.accuracy
         return EvalResult(ufm_raw=float(self._ufm(pred).ufm), utility=acc, utility50=acc,

@@ -11,7 +11,6 @@ from torchvision.ops import batched_nms
 from ultralytics.nn.tasks import DetectionModel, yaml_model_load
 from ultralytics.utils.tal import dist2bbox, make_anchors
 
-
 # Width multipliers below ultralytics' "n" for fast CPU tests and the built-in benchmark.
 EXTRA_SCALES = {"pico": [0.33, 0.125, 1024], "femto": [0.33, 0.0625, 1024]}
 
