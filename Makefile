@@ -8,7 +8,7 @@ DEVICES ?= 1
 ARGS ?=
 SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
 
-.PHONY: install train test test-slow test-all lint bench sweep sweep-local compare clean
+.PHONY: install train test test-slow test-all lint bench sweep sweep-local privacy clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ lint: install
 
 bench: install
 	$(PY) -m resfl_lightning.bench $(ARGS)
+
+privacy: install
+	$(PY) -m resfl_lightning.privacy_report $(ARGS)
 
 sweep: install
 	$(VENV)/bin/wandb sweep $(SWEEP)

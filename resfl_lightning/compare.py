@@ -2,7 +2,8 @@
 
     python -m resfl_lightning.compare CLEAN_RUN_DIR OTHER_RUN_DIR [--fate-baseline] [--wandb]
 
-BA AD    = (mAP_clean - mAP_other) / mAP_clean            (test/map; also on test/map_50 as ba_ad_50)
+BA AD    = (mAP_clean - mAP_other) / mAP_clean            (test/map, also test/map_50 as ba_ad_50; classification:
+                                                           test/accuracy)
 DPA EODD = EOD_other - EOD_clean                          (test/eod, logged by the `eod` attack measurement)
 FATE     = (ACC_f - ACC_b)/ACC_b + lambda_F (EO_b - EO_f)/EO_b with CLEAN = the FedAvg baseline b and OTHER = the
            method f; ACC = test/accuracy (classification) or test/map (detection), EO = test/eo_gap or test/delta_eop.
@@ -56,7 +57,7 @@ def _value(run: dict, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
 
 
-def _entry(name: str, clean: float | None, other: float | None, fn, keys: str) -> dict[str, Any]:
+def _entry(clean: float | None, other: float | None, fn, keys: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"value": None, "clean": clean, "other": other, "inputs": keys}
     if clean is None or other is None:
         entry["reason"] = f"missing {keys} in {'the clean run' if clean is None else 'the other run'}"
@@ -77,13 +78,15 @@ def config_differences(clean: dict, other: dict) -> list[str]:
 
 def compare_runs(clean: dict, other: dict, fate_baseline: bool = False, lambda_f: float = 1.0) -> dict[str, Any]:
     """The comparison dict: metrics (name -> {value, clean, other, inputs[, reason]}) and warnings."""
+    utility = "test/map" if _value(clean, "test/map") is not None else "test/accuracy"
     metrics = {
-        "ba_ad": _entry("ba_ad", _value(clean, "test/map"), _value(other, "test/map"), relative_drop, "test/map"),
-        "ba_ad_50": _entry("ba_ad_50", _value(clean, "test/map_50"), _value(other, "test/map_50"), relative_drop,
-                           "test/map_50"),
-        "dpa_eodd": _entry("dpa_eodd", _value(clean, "test/eod"), _value(other, "test/eod"),
+        "ba_ad": _entry(_value(clean, utility), _value(other, utility), relative_drop, utility),
+        "dpa_eodd": _entry(_value(clean, "test/eod"), _value(other, "test/eod"),
                            lambda c, o: o - c, "test/eod"),
     }
+    if utility == "test/map":
+        metrics["ba_ad_50"] = _entry(_value(clean, "test/map_50"), _value(other, "test/map_50"),
+                                     relative_drop, "test/map_50")
     if fate_baseline:
         acc = "test/accuracy" if _value(clean, "test/accuracy") is not None else "test/map"
         eo = "test/eo_gap" if _value(clean, "test/eo_gap") is not None else "test/delta_eop"

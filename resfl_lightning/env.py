@@ -16,6 +16,7 @@ def configure_environment(num_threads: int | None = 1) -> None:
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", str(_CACHE / "yolo"))
     os.environ.setdefault("YOLO_VERBOSE", "False")
+    os.environ.setdefault("YOLO_AUTOINSTALL", "False")  # never pip-install at run time
     os.environ.setdefault("WANDB_SILENT", "true")
     if num_threads:
         import torch

@@ -26,6 +26,7 @@ from resfl_lightning.compare import compare_runs, format_value, load_run
 ROWS = (
     ("mAP@50-95", "test/map"),
     ("mAP@50", "test/map_50"),
+    ("accuracy (classification)", "test/accuracy"),
     ("Fairness Score (|1-DI|+dEOP)/2", "score/fairness"),
     ("EOD (protected vs rest)", "test/eod"),
     ("MIA SR (balanced accuracy)", "attack/mia_success_rate"),
@@ -37,12 +38,12 @@ ROWS = (
     ("AIA SR (top-1)", "attack/aia_top1"),
     ("AIA macro-F1", "attack/aia_macro_f1"),
     ("AIA chance rate", "attack/aia_chance_rate"),
-    ("AIA persons", "attack/aia_n_samples"),
+    ("AIA samples (persons)", "attack/aia_n_samples"),
     ("update-AIA top-1", "attack/update_aia_top1"),
     ("update-AIA chance rate", "attack/update_aia_chance_rate"),
     ("Privacy Score (MIA SR+AIA SR)/2", "score/privacy"),
 )
-ROBUSTNESS_ROWS = (("BA AD (rel. mAP drop, Byzantine)", "ba_ad"), ("DPA EODD (poisoning)", "dpa_eodd"))
+ROBUSTNESS_ROWS = (("BA AD (rel. mAP / acc. drop, Byzantine)", "ba_ad"), ("DPA EODD (poisoning)", "dpa_eodd"))
 
 
 def train_command(algorithm: str, attack: str, run_dir: Path, overrides: list[str]) -> list[str]:

@@ -369,3 +369,11 @@ def test_eod_callback_rejects_groups_outside_the_dataset():
         EqualizedOdds(3).on_fit_start(fed)
     with pytest.raises(ConfigError, match="equals"):
         EqualizedOdds(1, 1).on_fit_start(fed)
+
+
+def test_compare_classification_uses_accuracy(tmp_path):
+    clean = _run_dir(tmp_path / "clean", {"test/accuracy": 0.80, "test/eod": 0.05})
+    other = _run_dir(tmp_path / "other", {"test/accuracy": 0.60, "test/eod": 0.02})
+    m = compare.compare_runs(compare.load_run(clean), compare.load_run(other))["metrics"]
+    assert m["ba_ad"]["inputs"] == "test/accuracy" and m["ba_ad"]["value"] == pytest.approx(0.25)
+    assert m["dpa_eodd"]["value"] == pytest.approx(-0.03) and "ba_ad_50" not in m

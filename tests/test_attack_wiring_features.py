@@ -240,3 +240,38 @@ def test_tabular_client_features():
     assert rep["features"].shape == (len(data.splits.reserve), 8) and rep["source"] == "penultimate"
     np.testing.assert_array_equal(rep["groups"], s[data.splits.reserve])
     assert default_head_prefixes(client) == ["model.head."]
+
+
+def test_tabular_poisoning_drop_and_mislabel():
+    pytest.importorskip("resfl_lightning.clients.tabular")
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.attacks.runtime import PoisonedData, PoisoningSettings
+    from resfl_lightning.data.tabular import federated_tabular_data
+
+    rng = np.random.default_rng(1)
+    n = 300
+    x, y, s = rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 2, n), rng.integers(0, 3, n)
+    cfg = OmegaConf.create({"name": "t", "num_clients": 4, "test_fraction": 0.0, "reserve_fraction": 0.1,
+                            "val_fraction": 0.1, "partition": "iid", "dirichlet_alpha": 0.5, "batch_size": 16})
+    base = federated_tabular_data(x[:250], y[:250], s[:250], x[250:], y[250:], s[250:], num_groups=3, cfg=cfg, seed=0)
+
+    def rows(loader):
+        return sorted((int(i), int(yy), int(g)) for b in loader for i, yy, g in zip(b["index"], b["y"], b["groups"]))
+
+    for mode, extra in (("drop", {}), ("mislabel", {"mislabel_class": 0})):
+        data = PoisonedData(base, PoisoningSettings(fraction=0.5, target_group=1, mode=mode, **extra), seed=0,
+                            rounds=2)
+        for cid in range(4):
+            clean, seen = rows(base.train_loader(cid, 5)), rows(data.train_loader(cid, 5))
+            if cid not in data.clients:
+                assert seen == clean
+            elif mode == "drop":  # a shorter split reshuffles (and may drop a lone last row), so compare the split
+                train = base.splits.clients[cid].train
+                kept = data.poisoned(cid)[0].splits.clients[cid].train
+                np.testing.assert_array_equal(kept, train[s[train] != 1])
+                assert len(kept) < len(train) and set(seen) <= set(clean) and all(g != 1 for *_, g in seen)
+            else:
+                assert seen == [(i, 0 if g == 1 else yy, g) for i, yy, g in clean]
+                assert any(yy == 1 and g == 1 for _, yy, g in clean)
+        assert rows(data.test_loader()) == rows(base.test_loader())

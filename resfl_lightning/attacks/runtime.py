@@ -576,16 +576,20 @@ class PoisonedData:
         if not 0 <= s.target_group < base.num_groups:
             raise ConfigError(f"attack.poisoning.target_group must lie in 0..{base.num_groups - 1}, "
                               f"got {s.target_group}")
-        if s.mode == "mislabel" and not (s.mislabel_class is not None and 1 <= s.mislabel_class < base.num_classes):
-            raise ConfigError(f"attack.poisoning.mode=mislabel needs mislabel_class in 1..{base.num_classes - 1} (a "
-                              f"non-person class of the dataset); this dataset has {base.num_classes} class(es): use "
-                              "mode=drop or relabel_group")
+        self.detection = hasattr(base, "source") and hasattr(base.source, "annotations")
+        if not (dataclasses.is_dataclass(base) and (self.detection or hasattr(base, "y"))):
+            raise NotImplementedError(f"data poisoning for {type(base).__name__}: supported for detection data "
+                                      "(annotations) and tabular data (x, y, groups)")
+        lowest = 1 if self.detection else 0  # detection: class 0 is the person class being skewed
+        if s.mode == "mislabel" and not (s.mislabel_class is not None
+                                         and lowest <= s.mislabel_class < base.num_classes):
+            raise ConfigError(f"attack.poisoning.mode=mislabel needs mislabel_class in {lowest}.."
+                              f"{base.num_classes - 1}; this dataset has {base.num_classes} class(es)"
+                              + (" (use mode=drop or relabel_group)" if base.num_classes <= lowest else ""))
         if s.mode == "relabel_group" and not (s.other_group is not None and 0 <= s.other_group < base.num_groups
                                               and s.other_group != s.target_group):
             raise ConfigError(f"attack.poisoning.mode=relabel_group needs other_group in 0..{base.num_groups - 1}, "
                               f"different from target_group {s.target_group}")
-        if not (hasattr(base, "source") and hasattr(base.source, "annotations") and dataclasses.is_dataclass(base)):
-            raise NotImplementedError(f"data poisoning for {type(base).__name__}: only detection data is supported")
 
     def __getattr__(self, name: str) -> Any:
         if name == "base":  # not set yet (e.g. during unpickling): avoid infinite recursion
@@ -602,24 +606,49 @@ class PoisonedData:
     def poisoned(self, client_id: int) -> tuple[Any, dict]:
         """(data view with the client's poisoned training annotations, poisoning summary); cached per client."""
         if client_id not in self._views:
-            s, base = self.settings, self.base
-            ann = base.source.annotations
-            rows = np.isin(ann.image_index, base.splits.clients[client_id].train)
-            sub = ann.select(rows)
-            arrays = {"image_index": sub.image_index, "cls": sub.cls, "boxes": sub.boxes, "groups": sub.groups,
-                      "proxy": sub.proxy, **{f"extra/{k}": v for k, v in sub.extra.items()}}
-            new, summary = poison_annotations(arrays, s.target_group, s.mode, s.rate,
-                                              seed=stream_seed(self.seed, _POISON_SEED_STREAM, client_id),
-                                              other_group=s.other_group, mislabel_class=s.mislabel_class)
-            rest = ann.select(~rows)
-            extra = {k: np.concatenate([rest.extra[k], new[f"extra/{k}"]]) for k in rest.extra}
-            merged = type(ann)(np.concatenate([rest.image_index, new["image_index"]]),
-                               np.concatenate([rest.cls, new["cls"]]), np.concatenate([rest.boxes, new["boxes"]]),
-                               np.concatenate([rest.groups, new["groups"]]), np.concatenate([rest.proxy, new["proxy"]]),
-                               extra)
-            view = dataclasses.replace(base, source=_AnnotatedView(base.source, merged))
-            self._views[client_id] = (view, summary)
+            self._views[client_id] = (self._detection_view if self.detection else self._tabular_view)(client_id)
         return self._views[client_id]
+
+    def _poison(self, arrays: dict[str, np.ndarray], client_id: int, person_class: int) -> tuple[dict, dict]:
+        s = self.settings
+        return poison_annotations(arrays, s.target_group, s.mode, s.rate,
+                                  seed=stream_seed(self.seed, _POISON_SEED_STREAM, client_id),
+                                  other_group=s.other_group, mislabel_class=s.mislabel_class,
+                                  person_class=person_class)
+
+    def _detection_view(self, client_id: int) -> tuple[Any, dict]:
+        """The client's training images keep their pixels; their annotation rows are replaced."""
+        base = self.base
+        ann = base.source.annotations
+        rows = np.isin(ann.image_index, base.splits.clients[client_id].train)
+        sub = ann.select(rows)
+        arrays = {"image_index": sub.image_index, "cls": sub.cls, "boxes": sub.boxes, "groups": sub.groups,
+                  "proxy": sub.proxy, **{f"extra/{k}": v for k, v in sub.extra.items()}}
+        new, summary = self._poison(arrays, client_id, person_class=0)
+        rest = ann.select(~rows)
+        extra = {k: np.concatenate([rest.extra[k], new[f"extra/{k}"]]) for k in rest.extra}
+        merged = type(ann)(np.concatenate([rest.image_index, new["image_index"]]),
+                           np.concatenate([rest.cls, new["cls"]]), np.concatenate([rest.boxes, new["boxes"]]),
+                           np.concatenate([rest.groups, new["groups"]]), np.concatenate([rest.proxy, new["proxy"]]),
+                           extra)
+        return dataclasses.replace(base, source=_AnnotatedView(base.source, merged)), summary
+
+    def _tabular_view(self, client_id: int) -> tuple[Any, dict]:
+        """One row per sample: drop removes the rows from the client's training split, mislabel sets their label to
+        mislabel_class, relabel_group their group to other_group."""
+        base = self.base
+        train = np.asarray(base.splits.clients[client_id].train, np.int64)
+        y, groups = base.y.clone(), base.groups.clone()
+        arrays = {"image_index": train, "cls": y[train].numpy(), "boxes": np.zeros((len(train), 4), np.float32),
+                  "groups": groups[train].numpy()}
+        new, summary = self._poison(arrays, client_id, person_class=-1)  # every class id is a valid target
+        if self.settings.mode == "drop":
+            clients = list(base.splits.clients)
+            clients[client_id] = dataclasses.replace(clients[client_id], train=new["image_index"])
+            return dataclasses.replace(base, splits=dataclasses.replace(base.splits, clients=clients)), summary
+        y[train] = torch.as_tensor(new["cls"], dtype=y.dtype)
+        groups[train] = torch.as_tensor(new["groups"], dtype=groups.dtype)
+        return dataclasses.replace(base, y=y, groups=groups), summary
 
     def train_loader(self, client_id: int, seed: int):
         if not self.active(client_id):

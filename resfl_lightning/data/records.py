@@ -198,7 +198,8 @@ def read_image_size(path: Path, verify: bool = False) -> tuple[int, int]:
                 im.load()
     except FileNotFoundError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, ImportError) as err:
+        # ImportError: ultralytics patches Image.open to retry unknown files as HEIF (pi_heif is not installed).
         raise ValueError(f"corrupt or unreadable image {path}: {err}") from err
     if width <= 0 or height <= 0:
         raise ValueError(f"image {path} has an empty size {width}x{height}")
