@@ -50,6 +50,7 @@ from resfl_lightning.evaluation.weather import (
     weather_metrics,
     write_weather_json,
 )
+from resfl_lightning.federation.local import train_epoch
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CLEAR = condition_index("clear", 0)
@@ -161,20 +162,9 @@ def finetune(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Callab
         for group, b in zip(optimizer.param_groups, base):
             group["lr"] = b * factor
         client.begin_client(-1, round_idx)  # resets the running loss means; keeps the run's KL annealing point
-        norms, t0 = [], time.perf_counter()
-        for batch_idx, batch in enumerate(loader_for_epoch(epoch)):
-            batch = fabric.to_device(batch)
-            with fabric.autocast():
-                loss = client.training_step(batch, batch_idx)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"fine-tuning epoch {epoch}, batch {batch_idx}: non-finite loss "
-                                         f"{float(loss)} (running means: {client.mean_losses()})")
-            optimizer.zero_grad(set_to_none=True)
-            fabric.backward(loss)
-            # Unscales AMP gradients before clipping; a non-finite norm makes the scaler skip the step.
-            norm = fabric.clip_gradients(client, optimizer, max_norm=settings.grad_clip, error_if_nonfinite=False)
-            optimizer.step()
-            norms.append(float(norm))
+        t0 = time.perf_counter()
+        norms = train_epoch(fabric, client, optimizer, loader_for_epoch(epoch), settings.grad_clip,
+                            f"fine-tuning epoch {epoch}")
         finite = [n for n in norms if math.isfinite(n)]
         row = {"epoch": epoch, "steps": len(norms), "skipped_steps": len(norms) - len(finite),  # AMP overflow
                "lr/backbone": optimizer.param_groups[0]["lr"], "lr/head": optimizer.param_groups[1]["lr"],

@@ -243,17 +243,7 @@ def client_dominant_group(data: Any, client_id: int) -> int:
 
 def train_loader_for(data: Any, indices: np.ndarray, seed: int):
     """A shuffled, augmented training loader over arbitrary items (the shadow model's training set)."""
-    data = base_data(data)
-    if hasattr(data, "train_loader_for"):
-        return data.train_loader_for(indices, seed=seed)
-    if dataclasses.is_dataclass(data) and hasattr(data, "splits"):
-        from resfl_lightning.data.partition import ClientSplit, FederatedSplits
-
-        empty = np.empty(0, np.int64)
-        view = FederatedSplits(test=empty, reserve=empty, clients=[ClientSplit(np.asarray(indices, np.int64), empty)],
-                               partition="attack", alpha=None, seed=seed, h_tv=0.0)
-        return dataclasses.replace(data, splits=view).train_loader(0, seed=seed)
-    raise NotImplementedError(f"{type(data).__name__}: provide train_loader_for(indices, seed) for the shadow model")
+    return base_data(data).train_loader_for(indices, seed=seed)
 
 
 @dataclass(frozen=True)

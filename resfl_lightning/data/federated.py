@@ -15,8 +15,40 @@ from resfl_lightning.data.detection import AnnotatedImages, DetectionDataset, de
 from resfl_lightning.data.partition import FederatedSplits, image_groups, make_federated_splits
 
 
+class ClientSplitLoaders:
+    """Loader accessors every federated dataset shares; a subclass builds the DataLoader in `_loader`."""
+
+    splits: FederatedSplits
+
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
+        raise NotImplementedError
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.splits.clients)
+
+    def num_train(self, client_id: int) -> int:
+        return len(self.splits.clients[client_id].train)
+
+    def train_loader(self, client_id: int, seed: int) -> DataLoader:
+        return self.train_loader_for(self.splits.clients[client_id].train, seed)
+
+    def train_loader_for(self, indices: np.ndarray, seed: int) -> DataLoader:
+        """Shuffled, augmented training batches over any items (a client shard, a shadow model's set)."""
+        return self._loader(np.asarray(indices, dtype=np.int64), shuffle=True, seed=seed, train=True)
+
+    def val_loader(self, client_id: int) -> DataLoader:
+        return self._loader(self.splits.clients[client_id].val, shuffle=False)
+
+    def test_loader(self) -> DataLoader:
+        return self._loader(self.splits.test, shuffle=False)
+
+    def reserve_loader(self) -> DataLoader:
+        return self._loader(self.splits.reserve, shuffle=False)
+
+
 @dataclass
-class FederatedDetectionData:
+class FederatedDetectionData(ClientSplitLoaders):
     """Images + annotations split into clients; only loaders leave this object, never raw group arrays."""
 
     source: AnnotatedImages
@@ -28,31 +60,12 @@ class FederatedDetectionData:
     augment: bool
     task: str = "detection"
 
-    @property
-    def num_clients(self) -> int:
-        return len(self.splits.clients)
-
-    def num_train(self, client_id: int) -> int:
-        return len(self.splits.clients[client_id].train)
-
-    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, augment: bool = False) -> DataLoader:
-        ds = DetectionDataset(self.source, indices, augment=DetectionAugment() if augment else None,
-                              image_size=self.image_size, seed=seed)
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
+        augment = DetectionAugment() if train and self.augment else None
+        ds = DetectionDataset(self.source, indices, augment=augment, image_size=self.image_size, seed=seed)
         gen = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
                           collate_fn=detection_collate, num_workers=0)
-
-    def train_loader(self, client_id: int, seed: int) -> DataLoader:
-        return self._loader(self.splits.clients[client_id].train, shuffle=True, seed=seed, augment=self.augment)
-
-    def val_loader(self, client_id: int) -> DataLoader:
-        return self._loader(self.splits.clients[client_id].val, shuffle=False)
-
-    def test_loader(self) -> DataLoader:
-        return self._loader(self.splits.test, shuffle=False)
-
-    def reserve_loader(self) -> DataLoader:
-        return self._loader(self.splits.reserve, shuffle=False)
 
     def loader_for(self, indices: np.ndarray) -> DataLoader:
         return self._loader(np.asarray(indices), shuffle=False)

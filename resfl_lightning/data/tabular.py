@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.adult import ADULT_URL, SENSITIVE_GROUPS, adult_feature_names, load_adult
+from resfl_lightning.data.federated import ClientSplitLoaders
 from resfl_lightning.data.partition import FederatedSplits, make_federated_splits
 
 ADULT_FILES = ("adult.data", "adult.test")
@@ -48,7 +49,7 @@ def _batch_collate(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @dataclass
-class FederatedTabularData:
+class FederatedTabularData(ClientSplitLoaders):
     """Features, labels and groups split into clients; only loaders leave this object, never raw group arrays."""
 
     x: torch.Tensor  # float32 (N, F)
@@ -75,15 +76,8 @@ class FederatedTabularData:
                 raise ValueError(f"client {i} has {len(c.train)} training rows; BatchNorm needs at least 2")
 
     @property
-    def num_clients(self) -> int:
-        return len(self.splits.clients)
-
-    @property
     def num_features(self) -> int:
         return int(self.x.shape[1])
-
-    def num_train(self, client_id: int) -> int:
-        return len(self.splits.clients[client_id].train)
 
     def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
         ds = TabularRows(self.x, self.y, self.groups, indices)
@@ -93,18 +87,6 @@ class FederatedTabularData:
         gen = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(ds, batch_size=size, shuffle=shuffle, generator=gen, drop_last=drop_last,
                           collate_fn=_batch_collate, num_workers=0)
-
-    def train_loader(self, client_id: int, seed: int) -> DataLoader:
-        return self._loader(self.splits.clients[client_id].train, shuffle=True, seed=seed, train=True)
-
-    def val_loader(self, client_id: int) -> DataLoader:
-        return self._loader(self.splits.clients[client_id].val, shuffle=False)
-
-    def test_loader(self) -> DataLoader:
-        return self._loader(self.splits.test, shuffle=False)
-
-    def reserve_loader(self) -> DataLoader:
-        return self._loader(self.splits.reserve, shuffle=False)
 
     def loader_for(self, indices: np.ndarray) -> DataLoader:
         indices = np.asarray(indices, dtype=np.int64)

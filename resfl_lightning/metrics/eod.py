@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from resfl_lightning.metrics.fairness import equalized_odds_difference
-from resfl_lightning.metrics.matching import match_pred_gt
+from resfl_lightning.metrics.fairness import equalized_odds_difference, match_image_groups
 
 __all__ = ["classification_eod", "detection_eod", "detection_group_rates"]
 
@@ -40,17 +39,7 @@ def detection_group_rates(
     fn = torch.zeros(num_groups, dtype=torch.long)
     present_rows, fp_rows = [], []
     for idx, (pred, gt) in enumerate(pairs):
-        if "groups" not in gt:
-            raise KeyError(f"image {idx}: ground-truth dict lacks key 'groups' (has {sorted(gt)})")
-        groups = gt["groups"].detach().cpu().long().reshape(-1)
-        if groups.shape[0] != gt["boxes"].shape[0]:
-            raise ValueError(f"image {idx}: {groups.shape[0]} group labels for {gt['boxes'].shape[0]} boxes")
-        if groups.numel() and (groups.min() < -1 or groups.max() >= num_groups):
-            raise ValueError(f"image {idx}: gt['groups'] must lie in -1..{num_groups - 1}, got {groups.tolist()}")
-        try:
-            pred_to_gt, matched = match_pred_gt(pred, gt, iou_threshold, score_threshold)
-        except (KeyError, ValueError) as err:
-            raise type(err)(f"image {idx}: {err}") from err
+        groups, pred_to_gt, matched = match_image_groups((pred, gt), idx, num_groups, iou_threshold, score_threshold)
         known = groups >= 0
         tp += torch.bincount(groups[known & matched], minlength=num_groups)
         fn += torch.bincount(groups[known & ~matched], minlength=num_groups)

@@ -51,24 +51,31 @@ def group_counts(
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     tp = torch.zeros(num_groups, dtype=torch.long)
     fn = torch.zeros(num_groups, dtype=torch.long)
-    for idx, (pred, gt) in enumerate(pairs):
-        if "groups" not in gt:
-            raise KeyError(f"image {idx}: ground-truth dict lacks key 'groups' (has {sorted(gt)})")
-        groups = gt["groups"].detach().cpu().long()
-        if groups.ndim != 1 or groups.shape[0] != gt["boxes"].shape[0]:
-            raise ValueError(
-                f"image {idx}: gt['groups'] has shape {tuple(groups.shape)}, expected ({gt['boxes'].shape[0]},)"
-            )
-        if groups.numel() and (groups.min() < -1 or groups.max() >= num_groups):
-            raise ValueError(f"image {idx}: gt['groups'] must lie in -1..{num_groups - 1}, got {groups.tolist()}")
-        try:
-            _, matched = match_pred_gt(pred, gt, iou_threshold, score_threshold)
-        except (KeyError, ValueError) as err:
-            raise type(err)(f"image {idx}: {err}") from err
+    for idx, pair in enumerate(pairs):
+        groups, _, matched = match_image_groups(pair, idx, num_groups, iou_threshold, score_threshold)
         known = groups >= 0
         tp += torch.bincount(groups[known & matched], minlength=num_groups)
         fn += torch.bincount(groups[known & ~matched], minlength=num_groups)
     return tp, fn
+
+
+def match_image_groups(pair: Pair, idx: int, num_groups: int, iou_threshold: float,
+                       score_threshold: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Validated gt groups of image `idx` plus its fairness matching (pred_to_gt, gt_matched); errors name the image."""
+    pred, gt = pair
+    if "groups" not in gt:
+        raise KeyError(f"image {idx}: ground-truth dict lacks key 'groups' (has {sorted(gt)})")
+    groups = gt["groups"].detach().cpu().long()
+    if groups.ndim != 1 or groups.shape[0] != gt["boxes"].shape[0]:
+        expected = gt["boxes"].shape[0]
+        raise ValueError(f"image {idx}: gt['groups'] has shape {tuple(groups.shape)}, expected ({expected},)")
+    if groups.numel() and (groups.min() < -1 or groups.max() >= num_groups):
+        raise ValueError(f"image {idx}: gt['groups'] must lie in -1..{num_groups - 1}, got {groups.tolist()}")
+    try:
+        pred_to_gt, matched = match_pred_gt(pred, gt, iou_threshold, score_threshold)
+    except (KeyError, ValueError) as err:
+        raise type(err)(f"image {idx}: {err}") from err
+    return groups, pred_to_gt, matched
 
 
 def group_tpr(tp: Tensor, fn: Tensor) -> Tensor:
