@@ -14,7 +14,6 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@

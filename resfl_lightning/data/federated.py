@@ -86,7 +86,9 @@ def build_synthetic(cfg: DictConfig, seed: int) -> FederatedDetectionData:
 
     scene_cfg = SyntheticSceneConfig(image_size=cfg.image_size, imbalance=cfg.imbalance, grouping=cfg.grouping,
                                      dim_probability=cfg.dim_probability,
-                                     dark_dim_correlation=cfg.dark_dim_correlation)
+                                     dark_dim_correlation=cfg.dark_dim_correlation,
+                                     dark_background_probability=cfg.dark_background_probability,
+                                     dim_range=tuple(cfg.dim_range))
     # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training.
     scenes = generate_scenes(scene_cfg, cfg.num_images, seed=cfg.get("data_seed", 0), cache_dir=cfg.cache_dir)
     return FederatedDetectionData(source=scenes, splits=_splits_for(scenes, cfg, seed),
