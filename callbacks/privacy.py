@@ -24,16 +24,9 @@ from resfl_lightning.attacks.mia import (
     evaluate_membership_attack,
     fit_membership_attack,
 )
-from resfl_lightning.attacks.runtime import (
-    AttackSettings,
-    ShadowModel,
-    base_data,
-    item_groups,
-    mia_features,
-    representation_features,
-    sample_members,
-    split_reserve,
-)
+from resfl_lightning.attacks.outputs import mia_features, representation_features
+from resfl_lightning.attacks.settings import AttackSettings
+from resfl_lightning.attacks.targets import ShadowModel, base_data, item_groups, sample_members, split_reserve
 from resfl_lightning.metrics.fairness import fairness_score, privacy_score
 
 MIN_PER_SIDE = 3  # the calibrated attack uses 3-fold CV: at least 3 shadow members and 3 shadow non-members

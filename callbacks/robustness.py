@@ -10,16 +10,10 @@ from __future__ import annotations
 
 import warnings
 
-from resfl_lightning.attacks.runtime import (
-    ByzantineSettings,
-    ByzantineUpdate,
-    PoisonedData,
-    PoisoningSettings,
-    base_data,
-    classification_outputs,
-    is_detection_client,
-    parameter_mask,
-)
+from resfl_lightning.attacks.outputs import classification_outputs, is_detection_client
+from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
+from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
+from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.config import ConfigError
 from resfl_lightning.metrics.eod import classification_eod, detection_eod
 

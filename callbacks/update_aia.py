@@ -19,7 +19,9 @@ import torch.distributed as dist
 
 from callbacks.privacy import write_attack_file
 from resfl_lightning.attacks.aia import aia_success_rate, train_attribute_probe
-from resfl_lightning.attacks.runtime import AttackSettings, base_data, client_dominant_group, default_head_prefixes
+from resfl_lightning.attacks.outputs import default_head_prefixes
+from resfl_lightning.attacks.settings import AttackSettings
+from resfl_lightning.attacks.targets import base_data, client_dominant_group
 from resfl_lightning.attacks.update_features import update_features
 from resfl_lightning.config import ConfigError
 

@@ -109,7 +109,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
 
 def build_attack_callbacks(cfg: DictConfig) -> list:
     """Attack callbacks are added only when configured (the attack group's `enabled` list)."""
-    from resfl_lightning.attacks.runtime import attack_settings
+    from resfl_lightning.attacks.settings import attack_settings
 
     settings = attack_settings(cfg.get("attack"))
     if not settings.enabled:

@@ -16,17 +16,9 @@ from callbacks.robustness import ByzantineAttack, DataPoisoning, EqualizedOdds
 from callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning import compare
 from resfl_lightning.attacks.byzantine import choose_attackers
-from resfl_lightning.attacks.runtime import (
-    ByzantineSettings,
-    ByzantineUpdate,
-    MiaSettings,
-    PoisonedData,
-    PoisoningSettings,
-    attack_settings,
-    isolated_rng,
-    sample_members,
-    split_reserve,
-)
+from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData
+from resfl_lightning.attacks.settings import ByzantineSettings, MiaSettings, PoisoningSettings, attack_settings
+from resfl_lightning.attacks.targets import isolated_rng, sample_members, split_reserve
 from resfl_lightning.builders import build_attack_callbacks
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.detection import Annotations, ArrayImages

@@ -14,15 +14,14 @@ import torch
 
 from callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning.attacks.mia import DETECTION_FEATURE_NAMES
-from resfl_lightning.attacks.runtime import (
-    ShadowModel,
-    attack_settings,
-    client_dominant_group,
+from resfl_lightning.attacks.outputs import (
     default_head_prefixes,
     detection_outputs,
     mia_features,
     representation_features,
 )
+from resfl_lightning.attacks.settings import attack_settings
+from resfl_lightning.attacks.targets import ShadowModel, client_dominant_group
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import ground_truth_for
@@ -246,7 +245,8 @@ def test_tabular_poisoning_drop_and_mislabel():
     pytest.importorskip("resfl_lightning.clients.tabular")
     from omegaconf import OmegaConf
 
-    from resfl_lightning.attacks.runtime import PoisonedData, PoisoningSettings
+    from resfl_lightning.attacks.robustness import PoisonedData
+    from resfl_lightning.attacks.settings import PoisoningSettings
     from resfl_lightning.data.tabular import federated_tabular_data
 
     rng = np.random.default_rng(1)

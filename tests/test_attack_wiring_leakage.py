@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from callbacks.privacy import PrivacyAttacks
-from resfl_lightning.attacks.runtime import attack_settings, base_data, train_loader_for
+from resfl_lightning.attacks.settings import attack_settings
+from resfl_lightning.attacks.targets import base_data, train_loader_for
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.orchestrator import FederationSettings
