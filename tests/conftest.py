@@ -20,3 +20,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared test data not found at {SHARED_DATA} (set RESFL_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def adult_dir(shared_data: Path) -> Path:
+    """The original UCI Adult files (adult.data, adult.test) from the shared test data."""
+    path = shared_data / "adult"
+    if not (path / "adult.data").is_file():
+        pytest.skip(f"Adult files not found under {path}")
+    return path

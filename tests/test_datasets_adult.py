@@ -19,14 +19,6 @@ CONTINUOUS = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", 
 
 
 @pytest.fixture(scope="module")
-def adult_dir(shared_data: Path) -> Path:
-    path = shared_data / "adult"
-    if not (path / "adult.data").is_file():
-        pytest.skip(f"Adult files not found under {path}")
-    return path
-
-
-@pytest.fixture(scope="module")
 def adult_race(adult_dir: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the originals must pass the checksum without a warning

@@ -28,14 +28,6 @@ def adult_cfg(root, **overrides):
 
 
 @pytest.fixture(scope="module")
-def adult_dir(shared_data: Path) -> Path:
-    path = shared_data / "adult"
-    if not (path / "adult.data").is_file():
-        pytest.skip(f"Adult files not found under {path}")
-    return path
-
-
-@pytest.fixture(scope="module")
 def reference(adult_dir):
     return load_adult(adult_dir, sensitive="race")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 
-from resfl_lightning.losses.curvature import FisherCurvature
+from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
 from resfl_lightning.metrics.ufm import reported_ufm
 
@@ -109,6 +109,24 @@ class FederatedClient(L.LightningModule):
 
     def evaluate(self, loader) -> EvalResult:
         raise NotImplementedError
+
+    def per_sample_losses(self, batch: dict) -> torch.Tensor:
+        """Per-sample task losses of one batch (the Fisher's samples)."""
+        raise NotImplementedError
+
+    def place(self, batch: dict) -> dict:
+        """Move a batch to the module's device (a no-op outside Fabric)."""
+        return self._fabric.to_device(batch) if self._fabric is not None else batch
+
+    def validation_fim(self, loader, iters: int = 20) -> float:
+        """Top eigenvalue of the empirical Fisher of the per-sample task loss on one validation batch."""
+        was_training = self.training
+        self.eval()  # BatchNorm on running statistics: the per-sample losses are independent samples
+        with torch.enable_grad():
+            losses = self.per_sample_losses(self.place(next(iter(loader))))
+            eig, _ = fisher_top_eigenpair(losses, self.curvature_parameters(), iters=iters)
+        self.train(was_training)
+        return float(eig)
 
     # --- shared behaviour ------------------------------------------------------------------
     def begin_client(self, client_id: int, round_idx: int) -> None:

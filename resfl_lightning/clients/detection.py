@@ -8,7 +8,6 @@ from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeight
 from resfl_lightning.clients.cohorts import effective_mode, ufm_cohorts
 from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.losses.adversary import Adversary, adversarial_loss, roi_pool_features
-from resfl_lightning.losses.curvature import fisher_top_eigenpair
 from resfl_lightning.losses.detection import EvidentialDetectionLoss
 from resfl_lightning.metrics.detection import detection_map
 from resfl_lightning.metrics.fairness import detection_fairness
@@ -74,7 +73,7 @@ class DetectionClient(FederatedClient):
         self.eval()
         preds, gts, losses, feats = [], [], [], []
         for batch in loader:
-            batch = self._fabric.to_device(batch) if self._fabric is not None else batch
+            batch = self.place(batch)
             p, g, loss, *f = self.predict_batch(batch, with_features)
             preds += [{k: v.cpu() for k, v in d.items()} for d in p]
             gts += [{k: v.cpu() for k, v in d.items()} for d in g]
@@ -113,14 +112,6 @@ class DetectionClient(FederatedClient):
         out["loss"] = loss
         return out
 
-    def validation_fim(self, loader, iters: int = 20) -> float:
-        """Top eigenvalue of the empirical Fisher of the per-image classification loss on one validation batch."""
-        was_training = self.training
-        self.eval()  # BatchNorm on running stats: per-image losses are independent samples
-        batch = next(iter(loader))
-        batch = self._fabric.to_device(batch) if self._fabric is not None else batch
-        with torch.enable_grad():
-            res = self.criterion.compute(self.model(batch["img"]), batch)
-            eig, _ = fisher_top_eigenpair(res.per_image_cls, self.curvature_parameters(), iters=iters)
-        self.train(was_training)
-        return float(eig)
+    def per_sample_losses(self, batch: dict) -> torch.Tensor:
+        """Per-image Dirichlet NLL (detection has no single per-image correctness, so every image counts)."""
+        return self.criterion.compute(self.model(batch["img"]), batch).per_image_cls

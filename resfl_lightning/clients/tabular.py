@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.cohorts import effective_mode
 from resfl_lightning.losses.adversary import Adversary, adversarial_loss
-from resfl_lightning.losses.curvature import fisher_top_eigenpair
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
 from resfl_lightning.metrics.fairness import classification_fairness
 from resfl_lightning.metrics.ufm import (
@@ -98,7 +97,7 @@ class TabularClient(FederatedClient):
         self.eval()
         cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("alpha", "features", "losses", "y", "groups", "index")}
         for batch in loader:
-            batch = self._fabric.to_device(batch) if self._fabric is not None else batch
+            batch = self.place(batch)
             self._check_batch(batch)
             out = self.model(batch["x"])
             onehot = F.one_hot(batch["y"], self.num_classes).to(out.alpha.dtype)
@@ -150,15 +149,7 @@ class TabularClient(FederatedClient):
         out["loss"] = float(pred.losses.mean())
         return out
 
-    def validation_fim(self, loader, iters: int = 20) -> float:
-        """Top eigenvalue of the empirical Fisher of the per-sample NLL on one validation batch (eval-mode BN)."""
-        was_training = self.training
-        self.eval()  # BatchNorm on running stats: per-sample losses are independent samples
-        batch = next(iter(loader))
-        batch = self._fabric.to_device(batch) if self._fabric is not None else batch
-        with torch.enable_grad():
-            out = self.model(batch["x"])
-            nll = dirichlet_nll(out.alpha, F.one_hot(batch["y"], self.num_classes).to(out.alpha.dtype))
-            eig, _ = fisher_top_eigenpair(nll, self.curvature_parameters(), iters=iters)
-        self.train(was_training)
-        return float(eig)
+    def per_sample_losses(self, batch: dict) -> torch.Tensor:
+        """Per-row Dirichlet NLL."""
+        out = self.model(batch["x"])
+        return dirichlet_nll(out.alpha, F.one_hot(batch["y"], self.num_classes).to(out.alpha.dtype))
