@@ -42,5 +42,7 @@ def validate_config(cfg: DictConfig) -> None:
     _require(int(cfg.eval.every) >= 1, "eval.every", f"must be >= 1, got {cfg.eval.every}")
     _require(float(cfg.optim.lr) > 0, "optim.lr", f"must be > 0, got {cfg.optim.lr}")
     _require(int(ds.batch_size) >= 1, "dataset.batch_size", f"must be >= 1, got {ds.batch_size}")
+    _require(int(ds.get("extra_reserve_images", 0)) >= 0, "dataset.extra_reserve_images",
+             f"must be >= 0, got {ds.get('extra_reserve_images')}")
     if algo.aggregation == "curvfed":
         _require(bool(algo.report_fim), "algorithm.report_fim", "curvfed aggregation needs report_fim=true")

@@ -206,8 +206,9 @@ def _one_round(tmp_path, name, *overrides):
     from resfl_lightning.builders import build_run
 
     cfg = compose_cfg("logger=none", "progress=false", "model.scale=femto", "dataset.num_images=40",
-                      "dataset.image_size=64", f"dataset.cache_dir={tmp_path / 'cache'}", "federation.rounds=1",
-                      "eval.every=100", f"run_dir={tmp_path / name}", *overrides)
+                      "dataset.image_size=64", "dataset.extra_reserve_images=0",
+                      f"dataset.cache_dir={tmp_path / 'cache'}", "federation.rounds=1", "eval.every=100",
+                      f"run_dir={tmp_path / name}", *overrides)
     job = build_run(cfg)
     spy = _Recorder()
     job.federation.fabric._callbacks.append(spy)

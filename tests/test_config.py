@@ -38,6 +38,7 @@ def test_default_config_is_valid_and_resolves():
         ("algorithm.aggregation=krum", "algorithm.aggregation"),
         ("ufm.ema_decay=1.5", "ufm.ema_decay"),
         ("federation.rounds=0", "federation.rounds"),
+        ("dataset.extra_reserve_images=-3", "dataset.extra_reserve_images"),
     ],
 )
 def test_bad_values_name_the_key(override: str, key: str):

@@ -162,3 +162,24 @@ def test_disk_cache_round_trip(tmp_path):
 def test_bad_config_raises(kwargs):
     with pytest.raises(ValueError):
         SyntheticSceneConfig(**kwargs)
+
+
+def test_extra_reserve_images_grow_only_the_reserve(tmp_path):
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.data.federated import build_synthetic
+
+    base = OmegaConf.load("conf/dataset/synthetic.yaml")
+    base.merge_with({"num_images": 60, "image_size": 64, "cache_dir": str(tmp_path)})
+    plain = build_synthetic(OmegaConf.merge(base, {"extra_reserve_images": 0}), seed=5)
+    grown = build_synthetic(OmegaConf.merge(base, {"extra_reserve_images": 25}), seed=5)
+    np.testing.assert_array_equal(grown.splits.test, plain.splits.test)
+    for a, b in zip(grown.splits.clients, plain.splits.clients):
+        np.testing.assert_array_equal(a.train, b.train)
+        np.testing.assert_array_equal(a.val, b.val)
+    extra = np.setdiff1d(grown.splits.reserve, plain.splits.reserve)
+    np.testing.assert_array_equal(extra, np.arange(60, 85))
+    assert len(grown.splits.reserve) == len(plain.splits.reserve) + 25
+    # the training pixels are the same scenes; the extra ones are new scenes of the same generator
+    np.testing.assert_array_equal(grown.source.images[:60], plain.source.images)
+    assert len(grown.source) == 85

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -71,9 +72,10 @@ class FederatedDetectionData(ClientSplitLoaders):
         return self._loader(np.asarray(indices), shuffle=False)
 
 
-def _splits_for(source: AnnotatedImages, cfg: DictConfig, seed: int) -> FederatedSplits:
+def _splits_for(source: AnnotatedImages, cfg: DictConfig, seed: int, num_items: int | None = None) -> FederatedSplits:
+    """SPEC §8 splits over the first `num_items` images (default: all)."""
     ann = source.annotations
-    groups = image_groups(ann.image_index, ann.groups, len(source))
+    groups = image_groups(ann.image_index, ann.groups, len(source))[:num_items]
     return make_federated_splits(groups, num_clients=cfg.num_clients, test_fraction=cfg.test_fraction,
                                  reserve_fraction=cfg.reserve_fraction, val_fraction=cfg.val_fraction,
                                  partition=cfg.partition, alpha=cfg.dirichlet_alpha, seed=seed,
@@ -89,9 +91,15 @@ def build_synthetic(cfg: DictConfig, seed: int) -> FederatedDetectionData:
                                      dark_dim_correlation=cfg.dark_dim_correlation,
                                      dark_background_probability=cfg.dark_background_probability,
                                      dim_range=tuple(cfg.dim_range))
-    # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training.
-    scenes = generate_scenes(scene_cfg, cfg.num_images, seed=cfg.get("data_seed", 0), cache_dir=cfg.cache_dir)
-    return FederatedDetectionData(source=scenes, splits=_splits_for(scenes, cfg, seed),
+    extra = int(cfg.get("extra_reserve_images", 0))
+    # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training. Scene i depends
+    # only on (data_seed, i), so the extra reserve scenes leave the first num_images and hence every split unchanged.
+    scenes = generate_scenes(scene_cfg, cfg.num_images + extra, seed=cfg.get("data_seed", 0), cache_dir=cfg.cache_dir)
+    splits = _splits_for(scenes, cfg, seed, num_items=cfg.num_images)
+    if extra:  # more attack-probe data from the same distribution, without taking any from the clients or the test
+        extra_ids = np.arange(cfg.num_images, cfg.num_images + extra, dtype=np.int64)
+        splits = dataclasses.replace(splits, reserve=np.concatenate([splits.reserve, extra_ids]))
+    return FederatedDetectionData(source=scenes, splits=splits,
                                   num_groups=num_groups(cfg.grouping), num_classes=1, batch_size=cfg.batch_size,
                                   image_size=None, augment=cfg.augment)
 
