@@ -6,6 +6,7 @@ gives labelled features for a calibrated logistic regression; the attack is then
 target members drawn from real client training sets, as many as the held-back non-members (balanced).
 Representation AIA: neck features ROI-aligned at the global model's matched detections on the attack-reserve
 images -> the two-layer MLP probe (70/10/20 split inside the reserve) predicting the person's group.
+With the weather evaluation on, `condition_metrics` re-runs both attacks on corrupted images for each condition.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from resfl_lightning.attacks.mia import (
 from resfl_lightning.attacks.outputs import mia_features, representation_features
 from resfl_lightning.attacks.settings import AttackSettings
 from resfl_lightning.attacks.targets import ShadowModel, base_data, item_groups, sample_members, split_reserve
+from resfl_lightning.evaluation.weather import ExtraMetrics, weather_loader
 from resfl_lightning.metrics.fairness import fairness_score, privacy_score
 
 MIN_PER_SIDE = 3  # the calibrated attack uses 3-fold CV: at least 3 shadow members and 3 shadow non-members
@@ -94,15 +96,38 @@ class PrivacyAttacks:
         metrics.update(results)
         write_attack_file(federation, f"privacy_round_{round_idx:04d}", {"metrics": results, **details})
 
-    def _mia(self, federation, model, round_idx: int, details: dict) -> dict[str, float]:
+    def condition_metrics(self, federation, model, round_idx: int, seed: int) -> ExtraMetrics:
+        """Per-condition attacks for the weather table: every image the attacks touch (shadow and target members /
+        non-members, reserve) corrupted like the test images; the MIA is refitted on the shadow's corrupted outputs.
+        Row keys: mia_success_rate, mia_auc, aia_top1, privacy_score = (MIA SR + AIA SR)/2 (SPEC §6)."""
+        data = base_data(federation.data)
+
+        def metrics(condition: str, intensity: int, _test_loader) -> dict[str, float]:
+            def loader_for(indices):
+                return weather_loader(data, indices, condition, intensity, seed)
+
+            out: dict[str, float] = {}
+            if self.run_mia:
+                mia = self._mia(federation, model, round_idx, {}, loader_for)
+                out.update(mia_success_rate=mia["attack/mia_success_rate"], mia_auc=mia["attack/mia_auc"])
+            if self.run_aia:
+                out["aia_top1"] = self._aia(federation, model, {}, loader_for)["attack/aia_top1"]
+            if self.run_mia and self.run_aia:
+                out["privacy_score"] = privacy_score(out["mia_success_rate"], out["aia_top1"])
+            return out
+
+        return metrics
+
+    def _mia(self, federation, model, round_idx: int, details: dict, loader_for=None) -> dict[str, float]:
         t0 = time.perf_counter()
         data, fabric, tau = base_data(federation.data), federation.fabric, self.settings.mia.score_threshold
+        loader_for = loader_for or data.loader_for
         shadow = self.shadow.advance(round_idx + 1)
-        s_in = mia_features(shadow, data.loader_for(self.split.shadow_members), fabric, tau)
-        s_out = mia_features(shadow, data.loader_for(self.split.shadow_nonmembers), fabric, tau)
+        s_in = mia_features(shadow, loader_for(self.split.shadow_members), fabric, tau)
+        s_out = mia_features(shadow, loader_for(self.split.shadow_nonmembers), fabric, tau)
         attack = fit_membership_attack(s_in, s_out, self.seed, method=self.settings.mia.calibration)
-        t_in = mia_features(model, data.loader_for(self.members), fabric, tau)
-        t_out = mia_features(model, data.loader_for(self.split.target_nonmembers), fabric, tau)
+        t_in = mia_features(model, loader_for(self.members), fabric, tau)
+        t_out = mia_features(model, loader_for(self.split.target_nonmembers), fabric, tau)
         target = evaluate_membership_attack(attack, t_in, t_out, self.seed)
         shadow_fit = evaluate_membership_attack(attack, s_in, s_out, self.seed)  # in-sample: how separable
         names = DETECTION_FEATURE_NAMES if s_in.shape[1] == len(DETECTION_FEATURE_NAMES) else \
@@ -122,10 +147,11 @@ class PrivacyAttacks:
         out["attack/mia_time"] = time.perf_counter() - t0
         return out
 
-    def _aia(self, federation, model, details: dict) -> dict[str, float]:
+    def _aia(self, federation, model, details: dict, loader_for=None) -> dict[str, float]:
         t0 = time.perf_counter()
         data, a = base_data(federation.data), self.settings.aia
-        rep = representation_features(model, data.loader_for(data.splits.reserve), federation.fabric, a.boxes,
+        loader_for = loader_for or data.loader_for
+        rep = representation_features(model, loader_for(data.splits.reserve), federation.fabric, a.boxes,
                                       a.score_threshold, a.min_matched)
         p = a.probe
         res = train_attribute_probe(rep["features"], rep["groups"], data.num_groups, self.seed, hidden=p.hidden,

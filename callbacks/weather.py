@@ -3,9 +3,11 @@
 Adds weather/<condition>_<intensity>/<metric> to the round's metrics, writes weather.json and weather.png into the
 run directory and logs the plot (and the table) to W&B when a WandbLogger is attached.
 
-No per-condition privacy score: the attack metrics in the round's dict (attack/mia_success_rate, ...) were measured
-on clean images; copying them to every condition would report a number nobody measured. A per-condition score
-needs the attacks re-run on corrupted member / non-member images: pass such a function as `extra`.
+Per-condition privacy: with the privacy attacks configured (and eval.weather_privacy, the default) the MIA and AIA are
+re-run on corrupted images under each condition (PrivacyAttacks.condition_metrics) and the rows gain
+mia_success_rate, mia_auc, aia_top1 and privacy_score. Only for corrupted images ("synthetic" mode): recorded
+frames (CARLA's metadata mode) hold too few attack-reserve frames per condition. Clean-image attack numbers are
+never copied to the conditions.
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ class WeatherEvaluation:
     """Weather table of the global model at the last round (and every `every` rounds); `extra` adds metrics."""
 
     def __init__(self, run_dir: Path, every: int | None = None, seed: int = 0, mode: str = "auto",
-                 extra: ExtraMetrics | None = None):
+                 extra: ExtraMetrics | None = None, privacy=None):
         if every is not None and int(every) < 1:
             raise ValueError(f"eval.weather_every must be null or >= 1, got {every}")
         if mode not in MODES:
             raise ValueError(f"eval.weather_mode must be one of {MODES}, got {mode!r}")
         self.run_dir, self.every, self.seed, self.mode, self.extra = Path(run_dir), every, int(seed), mode, extra
+        self.privacy = privacy  # a PrivacyAttacks callback: per-condition attacks (synthetic mode only)
         self.rows: list[dict] = []
 
     @classmethod
-    def from_config(cls, cfg, run_dir: Path) -> WeatherEvaluation:
-        """From cfg.eval (weather_every, weather_seed, weather_mode); detection datasets only."""
+    def from_config(cls, cfg, run_dir: Path, privacy=None) -> WeatherEvaluation:
+        """From cfg.eval (weather_every, weather_seed, weather_mode, weather_privacy); detection datasets only."""
         from resfl_lightning.config import ConfigError
 
         if cfg.dataset.task != "detection":
@@ -48,7 +51,7 @@ class WeatherEvaluation:
                               f"{cfg.dataset.name!r} is a {cfg.dataset.task} task")
         ev = cfg.eval
         return cls(run_dir, every=ev.get("weather_every"), seed=ev.get("weather_seed", 0),
-                   mode=ev.get("weather_mode", "auto"))
+                   mode=ev.get("weather_mode", "auto"), privacy=privacy if ev.get("weather_privacy", True) else None)
 
     def due(self, round_idx: int, rounds: int) -> bool:
         return round_idx == rounds - 1 or (self.every is not None and (round_idx + 1) % int(self.every) == 0)
@@ -63,10 +66,15 @@ class WeatherEvaluation:
         if not fabric.is_global_zero or not self.due(round_idx, federation.settings.rounds):
             return
         t0 = time.perf_counter()
-        self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode, extra=self.extra)
+        mode = resolve_mode(federation.data, self.mode)
+        extras = [self.extra] if self.extra is not None else []
+        if self.privacy is not None and mode == "synthetic":
+            extras.append(self.privacy.condition_metrics(federation, model, round_idx, self.seed))
+        self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode,
+                                     extra=_merged(extras) if extras else None)
         metrics.update(weather_metrics(self.rows))
         write_weather_json(self.run_dir / "weather.json", self.rows, round=round_idx, seed=self.seed, split="test",
-                           mode=resolve_mode(federation.data, self.mode))
+                           mode=mode, privacy=any(r.get("privacy_score") is not None for r in self.rows))
         png = self.run_dir / "weather.png"
         plot_weather(self.rows, png, title=f"{self.run_dir.name} (round {round_idx + 1})")
         self._log_to_wandb(fabric.loggers, png, round_idx)
@@ -82,3 +90,13 @@ class WeatherEvaluation:
                 columns = first + sorted({k for r in self.rows for k in r} - set(first))
                 logger.log_table(key="weather/table", columns=columns,
                                  data=[[r.get(c) for c in columns] for r in self.rows], step=step)
+
+
+def _merged(extras: list[ExtraMetrics]) -> ExtraMetrics:
+    def metrics(condition: str, intensity: int, loader) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for extra in extras:
+            out.update(extra(condition, intensity, loader))
+        return out
+
+    return metrics

@@ -100,9 +100,15 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     from callbacks.run_files import RunFiles
     from callbacks.weather import WeatherEvaluation
 
-    cbs: list = [GlobalEvaluation(every=cfg.eval.every), ClientReportLogger()]
-    cbs += build_attack_callbacks(cfg)
-    cbs += [WeatherEvaluation.from_config(cfg, run_dir)] if cfg.eval.get("weather", False) else []  # sees attacks
+    attacks = build_attack_callbacks(cfg)
+    privacy = None
+    if attacks:
+        from callbacks.privacy import PrivacyAttacks
+
+        privacy = next((cb for cb in attacks if isinstance(cb, PrivacyAttacks)), None)
+    cbs: list = [GlobalEvaluation(every=cfg.eval.every), ClientReportLogger(), *attacks]
+    if cfg.eval.get("weather", False):  # after the attacks: re-runs them per condition on the same round's model
+        cbs.append(WeatherEvaluation.from_config(cfg, run_dir, privacy=privacy))
     cbs += [RunFiles(run_dir=run_dir, resume=cfg.resume), RichProgress(enabled=cfg.progress)]
     return cbs
 

@@ -205,10 +205,10 @@ class _Recorder:
 def _one_round(tmp_path, name, *overrides):
     from resfl_lightning.builders import build_run
 
-    cfg = compose_cfg("logger=none", "progress=false", "model.scale=femto", "dataset.num_images=40",
-                      "dataset.image_size=64", "dataset.extra_reserve_images=0",
-                      f"dataset.cache_dir={tmp_path / 'cache'}", "federation.rounds=1", "eval.every=100",
-                      f"run_dir={tmp_path / name}", *overrides)
+    base = ["logger=none", "progress=false", "model.scale=femto", "dataset.num_images=40", "dataset.image_size=64",
+            "dataset.extra_reserve_images=0", f"dataset.cache_dir={tmp_path / 'cache'}", "federation.rounds=1",
+            "eval.every=100", f"run_dir={tmp_path / name}", *overrides]
+    cfg = compose_cfg(*{o.split("=", 1)[0]: o for o in base}.values())  # a later override of a key replaces it
     job = build_run(cfg)
     spy = _Recorder()
     job.federation.fabric._callbacks.append(spy)
@@ -241,6 +241,42 @@ def test_byzantine_updates_reach_the_aggregator_sign_flipped(tmp_path):
     # The global step is the weighted mean of exactly these (flipped) updates.
     step = sum(attacked.weights[cid] * attacked.deltas[cid].double() for cid in range(4))
     torch.testing.assert_close((attacked.theta1.double() - attacked.theta0.double()), step, atol=1e-6, rtol=1e-5)
+
+
+# --- privacy per weather condition ---------------------------------------------------------------------------------
+def test_weather_rows_rerun_the_attacks_on_corrupted_attack_images(tmp_path, monkeypatch):
+    import callbacks.privacy as privacy_module
+    from resfl_lightning.data.weather import WEATHER_CONDITIONS
+
+    requested: list[tuple[str, int, tuple]] = []
+    real_loader = privacy_module.weather_loader
+
+    def recording_loader(data, indices, condition, intensity, seed=0):
+        requested.append((condition, int(intensity), tuple(np.asarray(indices).tolist())))
+        return real_loader(data, indices, condition, intensity, seed)
+
+    monkeypatch.setattr(privacy_module, "weather_loader", recording_loader)
+    _, fed = _one_round(tmp_path, "wp", "attack=privacy", "attack.enabled=[mia,aia]", "dataset.extra_reserve_images=24",
+                        "eval.weather=true")
+    cb = next(c for c in fed.fabric._callbacks if isinstance(c, PrivacyAttacks))
+    attacked = {tuple(a.tolist()) for a in (cb.split.shadow_members, cb.split.shadow_nonmembers, cb.members,
+                                            cb.split.target_nonmembers, fed.data.splits.reserve)}
+    for condition, intensity in WEATHER_CONDITIONS:  # every attack input is loaded under every condition
+        assert {ix for c, i, ix in requested if (c, i) == (condition, intensity)} == attacked
+
+    rows = json.loads((tmp_path / "wp" / "weather.json").read_text())["conditions"]
+    assert len(rows) == 13
+    for row in rows:
+        assert row["privacy_score"] == pytest.approx((row["mia_success_rate"] + row["aia_top1"]) / 2)
+    final = [json.loads(line) for line in (tmp_path / "wp" / "metrics.jsonl").read_text().splitlines()][-1]
+    clear = rows[0]
+    assert (clear["condition"], clear["intensity"]) == ("clear", 0)
+    # clear images are the clean images: the re-run attacks reproduce the clean-image numbers exactly
+    assert clear["mia_success_rate"] == final["attack/mia_success_rate"]
+    assert clear["mia_auc"] == final["attack/mia_auc"]
+    assert clear["aia_top1"] == final["attack/aia_top1"]
+    fog = next(r for r in rows if (r["condition"], r["intensity"]) == ("fog", 100))
+    assert final["weather/fog_100/privacy_score"] == fog["privacy_score"]
 
 
 # --- poisoning ----------------------------------------------------------------------------------------------------
