@@ -13,6 +13,7 @@ never copied to the conditions.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 from resfl_lightning.evaluation.weather import (
@@ -60,6 +61,9 @@ class WeatherEvaluation:
         """Fail before training, not after the last round, when the test split cannot give the 13 conditions."""
         if federation.fabric.is_global_zero and resolve_mode(federation.data, self.mode) == "metadata":
             condition_indices(image_conditions(federation.data), federation.data.splits.test)
+            if self.privacy is not None:
+                warnings.warn("weather: recorded conditions (metadata mode) get no per-condition privacy score; the "
+                              "privacy attacks run on the attack reserve as recorded", stacklevel=2)
 
     def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
         fabric = federation.fabric
