@@ -5,9 +5,9 @@ run directory and logs the plot (and the table) to W&B when a WandbLogger is att
 
 Per-condition privacy: with the privacy attacks configured (and eval.weather_privacy, the default) the MIA and AIA are
 re-run on corrupted images under each condition (PrivacyAttacks.condition_metrics) and the rows gain
-mia_success_rate, mia_auc, aia_top1 and privacy_score. Only for corrupted images ("synthetic" mode): recorded
-frames (CARLA's metadata mode) hold too few attack-reserve frames per condition. Clean-image attack numbers are
-never copied to the conditions.
+mia_success_rate, mia_auc, aia_top1, aia_chance_rate and privacy_score. Only for corrupted images ("synthetic"
+mode): recorded frames (CARLA's metadata mode) hold too few attack-reserve frames per condition. Clean-image attack
+numbers are never copied to the conditions.
 """
 
 from __future__ import annotations
