@@ -99,7 +99,8 @@ class PrivacyAttacks:
     def condition_metrics(self, federation, model, round_idx: int, seed: int) -> ExtraMetrics:
         """Per-condition attacks for the weather table: every image the attacks touch (shadow and target members /
         non-members, reserve) corrupted like the test images; the MIA is refitted on the shadow's corrupted outputs.
-        Row keys: mia_success_rate, mia_auc, aia_top1, aia_chance_rate, privacy_score = (MIA SR + AIA SR)/2."""
+        Row keys: mia_success_rate, mia_auc, aia_top1, aia_chance_rate, aia_n_samples (persons the probe saw),
+        privacy_score = (MIA SR + AIA SR)/2."""
         data = base_data(federation.data)
 
         def metrics(condition: str, intensity: int, _test_loader) -> dict[str, float]:
@@ -112,7 +113,8 @@ class PrivacyAttacks:
                 out.update(mia_success_rate=mia["attack/mia_success_rate"], mia_auc=mia["attack/mia_auc"])
             if self.run_aia:
                 aia = self._aia(federation, model, {}, loader_for)
-                out.update(aia_top1=aia["attack/aia_top1"], aia_chance_rate=aia["attack/aia_chance_rate"])
+                out.update(aia_top1=aia["attack/aia_top1"], aia_chance_rate=aia["attack/aia_chance_rate"],
+                           aia_n_samples=aia["attack/aia_n_samples"])
             if self.run_mia and self.run_aia:
                 out["privacy_score"] = privacy_score(out["mia_success_rate"], out["aia_top1"])
             return out

@@ -3,11 +3,11 @@
 Adds weather/<condition>_<intensity>/<metric> to the round's metrics, writes weather.json and weather.png into the
 run directory and logs the plot (and the table) to W&B when a WandbLogger is attached.
 
-Per-condition privacy: with the privacy attacks configured (and eval.weather_privacy, the default) the MIA and AIA are
-re-run on corrupted images under each condition (PrivacyAttacks.condition_metrics) and the rows gain
-mia_success_rate, mia_auc, aia_top1, aia_chance_rate and privacy_score. Only for corrupted images ("synthetic"
-mode): recorded frames (CARLA's metadata mode) hold too few attack-reserve frames per condition. Clean-image attack
-numbers are never copied to the conditions.
+Per-condition privacy: with the privacy attacks configured (and eval.weather_privacy, the default) the MIA and AIA
+are re-run on corrupted images under each condition (PrivacyAttacks.condition_metrics) and the rows gain
+mia_success_rate, mia_auc, aia_top1, aia_chance_rate, aia_n_samples and privacy_score. Only for corrupted images
+("synthetic" mode): recorded frames (CARLA's metadata mode) hold too few attack-reserve frames per condition.
+Clean-image attack numbers are never copied to the conditions.
 """
 
 from __future__ import annotations

@@ -276,6 +276,7 @@ def test_weather_rows_rerun_the_attacks_on_corrupted_attack_images(tmp_path, mon
     assert clear["mia_auc"] == final["attack/mia_auc"]
     assert clear["aia_top1"] == final["attack/aia_top1"]
     assert clear["aia_chance_rate"] == final["attack/aia_chance_rate"]
+    assert clear["aia_n_samples"] == final["attack/aia_n_samples"]
     fog = next(r for r in rows if (r["condition"], r["intensity"]) == ("fog", 100))
     assert final["weather/fog_100/privacy_score"] == fog["privacy_score"]
 
