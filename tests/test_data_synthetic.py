@@ -168,8 +168,9 @@ def test_extra_reserve_images_grow_only_the_reserve(tmp_path):
     from omegaconf import OmegaConf
 
     from resfl_lightning.data.federated import build_synthetic
+    from resfl_lightning.train import CONF_DIR
 
-    base = OmegaConf.load("conf/dataset/synthetic.yaml")
+    base = OmegaConf.load(f"{CONF_DIR}/dataset/synthetic.yaml")  # independent of the working directory
     base.merge_with({"num_images": 60, "image_size": 64, "cache_dir": str(tmp_path)})
     plain = build_synthetic(OmegaConf.merge(base, {"extra_reserve_images": 0}), seed=5)
     grown = build_synthetic(OmegaConf.merge(base, {"extra_reserve_images": 25}), seed=5)
