@@ -2,7 +2,8 @@
 
 ByzantineAttack: adds the sign-flip update transform (attackers drawn per round from the seed) to the Federation.
 DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
-EqualizedOdds: EOD of the global model on the test split, whenever the global evaluation ran that round.
+EqualizedOdds: EOD of the global model on the test split, from the predictions of the global evaluation's pass of
+that round (no second inference pass), whenever the global evaluation ran.
 BA AD and DPA EODD compare two runs: `python -m resfl_lightning.compare CLEAN_RUN OTHER_RUN`.
 """
 
@@ -10,12 +11,11 @@ from __future__ import annotations
 
 import warnings
 
-from resfl_lightning.attacks.outputs import classification_outputs, is_detection_client
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
 from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.config import ConfigError
-from resfl_lightning.metrics.eod import classification_eod, detection_eod
+from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
 
 
 class ByzantineAttack:
@@ -25,7 +25,8 @@ class ByzantineAttack:
 
     def on_fit_start(self, federation, model, layout) -> None:
         mask = None if self.settings.include_buffers else parameter_mask(model, layout)
-        self.transform = ByzantineUpdate(federation.data.num_clients, self.settings, self.seed, mask)
+        self.transform = ByzantineUpdate(federation.data.num_clients, self.settings, self.seed, mask,
+                                         clip_low=model.ufm.clip_low)
         # Replace (not stack) a transform left from an earlier fit of the same Federation.
         federation.update_transforms = [t for t in federation.update_transforms if not isinstance(t, ByzantineUpdate)]
         federation.update_transforms.append(self.transform)
@@ -57,10 +58,13 @@ class DataPoisoning:
 
 
 class EqualizedOdds:
-    """test/eod (+ its four rates) between the protected group and the others (metrics/eod.py for the reading)."""
+    """test/eod (+ its four rates) between the protected group and the others (metrics/eod.py for the reading).
 
-    def __init__(self, protected_group: int, unprotected_group: int | None = None):
+    `evaluation` is the run's GlobalEvaluation callback, whose pass over the test split the EOD reuses."""
+
+    def __init__(self, protected_group: int, unprotected_group: int | None = None, evaluation=None):
         self.protected, self.unprotected = int(protected_group), unprotected_group
+        self.evaluation = evaluation
         self._warned = False
 
     def on_fit_start(self, federation) -> None:
@@ -71,19 +75,17 @@ class EqualizedOdds:
         if self.unprotected == self.protected:
             raise ConfigError(f"attack.eod.unprotected_group equals protected_group ({self.protected})")
 
-    def on_round_end(self, federation, model, metrics: dict) -> None:
-        if not federation.fabric.is_global_zero or ("test/map" not in metrics and "test/accuracy" not in metrics):
+    def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
+        if not federation.fabric.is_global_zero:
+            return
+        if self.evaluation is None:
+            raise RuntimeError("EqualizedOdds needs the run's GlobalEvaluation (its test pass) as `evaluation`")
+        evaluated = self.evaluation.evaluation_pass(round_idx)
+        if evaluated is None:
             return  # only on rounds where the global evaluation ran
-        data = base_data(federation.data)
         try:
-            if is_detection_client(model):
-                preds, gts, _ = model.collect(data.test_loader())
-                res = detection_eod(list(zip(preds, gts)), data.num_groups, self.protected, self.unprotected,
-                                    iou_threshold=model.ufm.iou_threshold, score_threshold=model.ufm.score_threshold)
-            else:
-                pred = classification_outputs(model, data.test_loader(), federation.fabric)
-                res = classification_eod(pred.y, pred.y_pred, pred.groups, data.num_groups, self.protected,
-                                         self.unprotected)
+            res = eod_from_pass(model, evaluated, base_data(federation.data).num_groups, self.protected,
+                                self.unprotected)
         except ValueError as err:  # a side without positives / persons in the test split: EOD undefined, say so once
             if not self._warned:
                 warnings.warn(f"EOD undefined on the test split: {err}", stacklevel=2)

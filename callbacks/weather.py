@@ -5,7 +5,8 @@ run directory and logs the plot (and the table) to W&B when a WandbLogger is att
 
 Per-condition privacy: with the privacy attacks configured (and eval.weather_privacy, the default) the MIA and AIA
 are re-run on corrupted images under each condition (PrivacyAttacks.condition_metrics) and the rows gain
-mia_success_rate, mia_auc, aia_top1, aia_chance_rate, aia_n_samples and privacy_score. Only for corrupted images
+mia_success_rate, mia_auc, aia_balanced_accuracy, aia_top1, aia_macro_f1, aia_chance_uniform, aia_chance_majority,
+aia_n_samples and privacy_score = (MIA SR + AIA balanced accuracy)/2. Only for corrupted images
 ("synthetic" mode): recorded frames (CARLA's metadata mode) hold too few attack-reserve frames per condition.
 Clean-image attack numbers are never copied to the conditions.
 """

@@ -5,6 +5,8 @@
 BA AD    = (mAP_clean - mAP_other) / mAP_clean            (test/map, also test/map_50 as ba_ad_50; classification:
                                                            test/accuracy)
 DPA EODD = EOD_other - EOD_clean                          (test/eod, logged by the `eod` attack measurement)
+Privacy Score change = PS_other - PS_clean, PS = (MIA balanced accuracy + AIA balanced accuracy) / 2, recomputed from
+           attack/mia_success_rate and attack/aia_balanced_accuracy (only when a run has the privacy attacks)
 FATE     = (ACC_f - ACC_b)/ACC_b + lambda_F (EO_b - EO_f)/EO_b with CLEAN = the FedAvg baseline b and OTHER = the
            method f; ACC = test/accuracy (classification) or test/map (detection), EO = test/eo_gap or test/delta_eop.
 Each run's final values come from its summary.json (metrics.jsonl when that is missing). The comparison is written to
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from resfl_lightning.attacks.byzantine import relative_drop
+from resfl_lightning.metrics.fairness import privacy_score
 from resfl_lightning.metrics.fate import fate
 
 # Config keys two paired runs must share for the difference to measure the attack (or the method) alone.
@@ -69,6 +72,12 @@ def _entry(clean: float | None, other: float | None, fn, keys: str) -> dict[str,
     return entry
 
 
+def run_privacy_score(run: dict) -> float | None:
+    """(MIA SR + AIA SR)/2 from the run's balanced accuracies (never from a stored score of another definition)."""
+    mia, aia = _value(run, "attack/mia_success_rate"), _value(run, "attack/aia_balanced_accuracy")
+    return None if mia is None or aia is None else privacy_score(mia, aia)
+
+
 def config_differences(clean: dict, other: dict) -> list[str]:
     """Top-level config sections (PAIRED_KEYS) that differ between the runs (attack and algorithm may differ)."""
     if not clean["config"] or not other["config"]:
@@ -84,6 +93,10 @@ def compare_runs(clean: dict, other: dict, fate_baseline: bool = False, lambda_f
         "dpa_eodd": _entry(_value(clean, "test/eod"), _value(other, "test/eod"),
                            lambda c, o: o - c, "test/eod"),
     }
+    scores = (run_privacy_score(clean), run_privacy_score(other))
+    if scores != (None, None):
+        metrics["privacy_score_change"] = _entry(*scores, lambda c, o: o - c,
+                                                 "(attack/mia_success_rate + attack/aia_balanced_accuracy)/2")
     if utility == "test/map":
         metrics["ba_ad_50"] = _entry(_value(clean, "test/map_50"), _value(other, "test/map_50"),
                                      relative_drop, "test/map_50")

@@ -2,13 +2,16 @@
 honest-but-curious server (attack=privacy), reported side by side.
 
     python -m resfl_lightning.privacy_report [--out runs/privacy-report] [--algorithms resfl fedavg]
-                                             [--robustness] [--reuse] [HYDRA_OVERRIDE ...]
+                                             [--robustness [--byzantine-reports honest sent lie]] [--reuse]
+                                             [HYDRA_OVERRIDE ...]
 
 Each algorithm is one run of the real entry point (`python -m resfl_lightning.train algorithm=A attack=privacy
 run_dir=OUT/A ...` plus the overrides), run one after the other. With --robustness each algorithm also gets a
 Byzantine run (attack=byzantine) and a poisoning run (attack=poisoning); their BA AD and DPA EODD are taken against
 the privacy run, which trains exactly like a clean run (the privacy attacks are passive: they run after aggregation
-on an isolated RNG) and logs test/eod. The table goes to stdout, everything to OUT/privacy_report.json.
+on an isolated RNG) and logs test/eod. --byzantine-reports runs one Byzantine run per report mode (what attackers
+report as u: attacks/byzantine.py) and reports BA AD for each. The table goes to stdout, everything to
+OUT/privacy_report.json. Privacy Score = (MIA balanced accuracy + AIA balanced accuracy) / 2.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from resfl_lightning.attacks.byzantine import REPORT_MODES
 from resfl_lightning.compare import compare_runs, format_value, load_run
 
 ROWS = (
@@ -30,20 +34,40 @@ ROWS = (
     ("Fairness Score (|1-DI|+dEOP)/2", "score/fairness"),
     ("EOD (protected vs rest)", "test/eod"),
     ("MIA SR (balanced accuracy)", "attack/mia_success_rate"),
+    ("MIA SR threshold (shadow validation)", "attack/mia_threshold"),
     ("MIA AUC", "attack/mia_auc"),
-    ("MIA TPR @ FPR 1%", "attack/mia_tpr_at_fpr_1"),
-    ("MIA TPR @ FPR 5%", "attack/mia_tpr_at_fpr_5"),
-    ("MIA TPR @ FPR 10%", "attack/mia_tpr_at_fpr_10"),
+    ("MIA TPR @ FPR 1% (shadow thresholds)", "attack/mia_tpr_at_fpr_1"),
+    ("MIA TPR @ FPR 5% (shadow thresholds)", "attack/mia_tpr_at_fpr_5"),
+    ("MIA TPR @ FPR 10% (shadow thresholds)", "attack/mia_tpr_at_fpr_10"),
+    ("MIA TPR @ FPR 1/5/10% oracle (target thresholds)", ("attack/mia_oracle_tpr_at_fpr_1",
+                                                           "attack/mia_oracle_tpr_at_fpr_5",
+                                                           "attack/mia_oracle_tpr_at_fpr_10")),
+    ("MIA SR on held-out shadow rows", "attack/mia_shadow_success_rate"),
     ("MIA members / non-members", "attack/mia_n_members"),
-    ("AIA SR (top-1)", "attack/aia_top1"),
+    ("AIA SR (balanced accuracy)", "attack/aia_balanced_accuracy"),
+    ("AIA top-1", "attack/aia_top1"),
     ("AIA macro-F1", "attack/aia_macro_f1"),
-    ("AIA chance rate", "attack/aia_chance_rate"),
+    ("AIA chance 1/G / majority share", ("attack/aia_chance_uniform", "attack/aia_chance_majority")),
     ("AIA samples (persons)", "attack/aia_n_samples"),
-    ("update-AIA top-1", "attack/update_aia_top1"),
-    ("update-AIA chance rate", "attack/update_aia_chance_rate"),
-    ("Privacy Score (MIA SR+AIA SR)/2", "score/privacy"),
+    ("update-AIA balanced accuracy", "attack/update_aia_balanced_accuracy"),
+    ("update-AIA top-1 / macro-F1", ("attack/update_aia_top1", "attack/update_aia_macro_f1")),
+    ("update-AIA chance 1/G / majority share", ("attack/update_aia_chance_uniform",
+                                                 "attack/update_aia_chance_majority")),
+    ("update-AIA applicable (0 = IID)", "attack/update_aia_applicable"),
+    ("Privacy Score (MIA BA + AIA BA)/2", "score/privacy"),
 )
 ROBUSTNESS_ROWS = (("BA AD (rel. mAP / acc. drop, Byzantine)", "ba_ad"), ("DPA EODD (poisoning)", "dpa_eodd"))
+
+
+def robustness_runs(byzantine_reports: list[str]) -> list[tuple[str, str, str, list[str]]]:
+    """(attack group, result key, run name, extra overrides): a Byzantine run per report mode, then poisoning.
+    The honest mode keeps the plain names (ba_ad, <algo>-byzantine); the others get a suffix (ba_ad_sent)."""
+    runs = []
+    for mode in byzantine_reports:
+        suffix = "" if mode == "honest" else f"_{mode}"
+        runs.append(("byzantine", f"ba_ad{suffix}", f"byzantine{suffix.replace('_', '-')}",
+                     [f"attack.byzantine.report={mode}"]))
+    return runs + [("poisoning", "dpa_eodd", "poisoning", [])]
 
 
 def train_command(algorithm: str, attack: str, run_dir: Path, overrides: list[str]) -> list[str]:
@@ -87,11 +111,16 @@ def print_report(report: dict[str, Any]) -> None:
     table.add_column("metric")
     for a in algos:
         table.add_column(a, justify="right")
-    for label, key in ROWS:
-        table.add_row(label, *[_fmt(report["runs"][a]["metrics"].get(key)) for a in algos])
+    for label, keys in ROWS:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        table.add_row(label, *[" / ".join(_fmt(report["runs"][a]["metrics"].get(k)) for k in keys) for a in algos])
     if any("robustness" in report["runs"][a] for a in algos):
         for label, key in ROBUSTNESS_ROWS:
             table.add_row(label, *[_fmt(report["runs"][a].get("robustness", {}).get(key)) for a in algos])
+        for mode in ("sent", "lie"):
+            if any(f"ba_ad_{mode}" in report["runs"][a].get("robustness", {}) for a in algos):
+                table.add_row(f"BA AD, attackers report u '{mode}'",
+                              *[_fmt(report["runs"][a].get("robustness", {}).get(f"ba_ad_{mode}")) for a in algos])
     table.add_row("wall time (s)", *[f"{report['runs'][a]['wall_s']:.1f}" for a in algos])
     Console().print(table)
 
@@ -102,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/privacy-report"), help="parent of the run directories")
     parser.add_argument("--algorithms", nargs="+", default=["resfl", "fedavg"])
     parser.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
+    parser.add_argument("--byzantine-reports", nargs="+", default=["honest"], choices=list(REPORT_MODES),
+                        help="with --robustness: one Byzantine run per report mode (attack.byzantine.report)")
     parser.add_argument("--reuse", action="store_true", help="skip runs whose summary.json already exists")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. federation.rounds=10")
     args = parser.parse_args(argv)
@@ -117,14 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                                      "metrics": load_run(run_dir)["summary"]}
             if args.robustness:
                 entry["robustness"] = {}
-                for attack, key in (("byzantine", "ba_ad"), ("poisoning", "dpa_eodd")):
-                    attacked = args.out / f"{algo}-{attack}"
-                    entry["wall_s"] += run_training(train_command(algo, attack, attacked, args.overrides), attacked,
-                                                    args.reuse)
+                for attack, key, name, extra in robustness_runs(args.byzantine_reports):
+                    attacked = args.out / f"{algo}-{name}"
+                    entry["wall_s"] += run_training(train_command(algo, attack, attacked, args.overrides + extra),
+                                                    attacked, args.reuse)
                     cmp = compare_runs(load_run(run_dir), load_run(attacked))
                     (attacked / "comparison.json").write_text(json.dumps(cmp, indent=2, sort_keys=True))
-                    entry["robustness"][key] = cmp["metrics"][key]["value"]
-                    entry["robustness"][f"{key}_detail"] = cmp["metrics"][key]
+                    metric = "ba_ad" if attack == "byzantine" else key
+                    entry["robustness"][key] = cmp["metrics"][metric]["value"]
+                    entry["robustness"][f"{key}_detail"] = cmp["metrics"][metric]
             report["runs"][algo] = entry
     except (RuntimeError, FileNotFoundError) as err:
         print(f"privacy_report: {err}", file=sys.stderr)

@@ -11,15 +11,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from callbacks.privacy import AttackScores, PrivacyAttacks
-from callbacks.robustness import ByzantineAttack, DataPoisoning, EqualizedOdds
-from callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning import compare
 from resfl_lightning.attacks.byzantine import choose_attackers
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData
 from resfl_lightning.attacks.settings import ByzantineSettings, MiaSettings, PoisoningSettings, attack_settings
 from resfl_lightning.attacks.targets import isolated_rng, sample_members, split_reserve
 from resfl_lightning.builders import build_attack_callbacks
+from resfl_lightning.callbacks.privacy import AttackScores, PrivacyAttacks
+from resfl_lightning.callbacks.robustness import ByzantineAttack, DataPoisoning, EqualizedOdds
+from resfl_lightning.callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.detection import Annotations, ArrayImages
 from resfl_lightning.data.federated import FederatedDetectionData
@@ -245,7 +245,7 @@ def test_byzantine_updates_reach_the_aggregator_sign_flipped(tmp_path):
 
 # --- privacy per weather condition ---------------------------------------------------------------------------------
 def test_weather_rows_rerun_the_attacks_on_corrupted_attack_images(tmp_path, monkeypatch):
-    import callbacks.privacy as privacy_module
+    import resfl_lightning.attacks.privacy as privacy_module
     from resfl_lightning.data.weather import WEATHER_CONDITIONS
 
     requested: list[tuple[str, int, tuple]] = []
@@ -259,15 +259,18 @@ def test_weather_rows_rerun_the_attacks_on_corrupted_attack_images(tmp_path, mon
     _, fed = _one_round(tmp_path, "wp", "attack=privacy", "attack.enabled=[mia,aia]", "dataset.extra_reserve_images=24",
                         "eval.weather=true")
     cb = next(c for c in fed.fabric._callbacks if isinstance(c, PrivacyAttacks))
-    attacked = {tuple(a.tolist()) for a in (cb.split.shadow_members, cb.split.shadow_nonmembers, cb.members,
-                                            cb.split.target_nonmembers, fed.data.splits.reserve)}
+    plan = cb.plan
+    attacked = {tuple(a.tolist()) for a in (plan.split.shadow_members, plan.split.shadow_nonmembers, plan.members,
+                                            plan.split.target_nonmembers, fed.data.splits.reserve)}
     for condition, intensity in WEATHER_CONDITIONS:  # every attack input is loaded under every condition
         assert {ix for c, i, ix in requested if (c, i) == (condition, intensity)} == attacked
 
     rows = json.loads((tmp_path / "wp" / "weather.json").read_text())["conditions"]
     assert len(rows) == 13
     for row in rows:
-        assert row["privacy_score"] == pytest.approx((row["mia_success_rate"] + row["aia_top1"]) / 2)
+        # Privacy Score from balanced accuracies (RESFL A.4.1), never from the AIA's top-1
+        assert row["privacy_score"] == pytest.approx((row["mia_success_rate"] + row["aia_balanced_accuracy"]) / 2)
+        assert {"aia_top1", "aia_macro_f1", "aia_chance_uniform", "aia_chance_majority"} <= set(row)
     final = [json.loads(line) for line in (tmp_path / "wp" / "metrics.jsonl").read_text().splitlines()][-1]
     clear = rows[0]
     assert (clear["condition"], clear["intensity"]) == ("clear", 0)
@@ -275,7 +278,9 @@ def test_weather_rows_rerun_the_attacks_on_corrupted_attack_images(tmp_path, mon
     assert clear["mia_success_rate"] == final["attack/mia_success_rate"]
     assert clear["mia_auc"] == final["attack/mia_auc"]
     assert clear["aia_top1"] == final["attack/aia_top1"]
-    assert clear["aia_chance_rate"] == final["attack/aia_chance_rate"]
+    assert clear["aia_balanced_accuracy"] == final["attack/aia_balanced_accuracy"]
+    assert clear["aia_chance_majority"] == final["attack/aia_chance_majority"]
+    assert final["score/privacy"] == pytest.approx((clear["mia_success_rate"] + clear["aia_balanced_accuracy"]) / 2)
     assert clear["aia_n_samples"] == final["attack/aia_n_samples"]
     fog = next(r for r in rows if (r["condition"], r["intensity"]) == ("fog", 100))
     assert final["weather/fog_100/privacy_score"] == fog["privacy_score"]
@@ -408,3 +413,32 @@ def test_compare_classification_uses_accuracy(tmp_path):
     m = compare.compare_runs(compare.load_run(clean), compare.load_run(other))["metrics"]
     assert m["ba_ad"]["inputs"] == "test/accuracy" and m["ba_ad"]["value"] == pytest.approx(0.25)
     assert m["dpa_eodd"]["value"] == pytest.approx(-0.03) and "ba_ad_50" not in m
+
+
+def test_compare_privacy_score_from_balanced_accuracies(tmp_path):
+    # score/privacy stored by an old run (top-1 AIA) must not leak in: the change is recomputed from the two SRs.
+    clean = _run_dir(tmp_path / "clean", {"test/map": 0.4, "attack/mia_success_rate": 0.60,
+                                          "attack/aia_balanced_accuracy": 0.40, "attack/aia_top1": 0.90,
+                                          "score/privacy": 0.75})
+    other = _run_dir(tmp_path / "other", {"test/map": 0.4, "attack/mia_success_rate": 0.55,
+                                          "attack/aia_balanced_accuracy": 0.35})
+    m = compare.compare_runs(compare.load_run(clean), compare.load_run(other))["metrics"]
+    entry = m["privacy_score_change"]
+    assert entry["clean"] == pytest.approx(0.50) and entry["other"] == pytest.approx(0.45)
+    assert entry["value"] == pytest.approx(-0.05)
+    bare = _run_dir(tmp_path / "bare", {"test/map": 0.3})  # neither run attacked for privacy: no entry at all
+    assert "privacy_score_change" not in compare.compare_runs(compare.load_run(bare), compare.load_run(bare))["metrics"]
+
+
+def test_privacy_report_runs_one_byzantine_run_per_report_mode(tmp_path):
+    from resfl_lightning.privacy_report import robustness_runs, train_command
+
+    runs = robustness_runs(["honest", "sent", "lie"])
+    assert [(name, key) for _, key, name, _ in runs] == [("byzantine", "ba_ad"), ("byzantine-sent", "ba_ad_sent"),
+                                                         ("byzantine-lie", "ba_ad_lie"), ("poisoning", "dpa_eodd")]
+    for attack, _, name, extra in runs:
+        cmd = train_command("resfl", attack, tmp_path / name, ["federation.rounds=2", *extra])
+        assert f"attack={attack}" in cmd and all(o in cmd for o in extra)
+        mode = next((o.split("=")[1] for o in extra), None)
+        cfg = compose_cfg(f"attack={attack}", *extra)
+        assert mode is None or attack_settings(cfg.attack).byzantine.report == mode

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning.attacks.mia import DETECTION_FEATURE_NAMES
 from resfl_lightning.attacks.outputs import (
     default_head_prefixes,
@@ -22,6 +21,7 @@ from resfl_lightning.attacks.outputs import (
 )
 from resfl_lightning.attacks.settings import attack_settings
 from resfl_lightning.attacks.targets import ShadowModel, client_dominant_group
+from resfl_lightning.callbacks.update_aia import UpdateAttributeInference
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import ground_truth_for
@@ -193,29 +193,74 @@ def test_shadow_model_is_incremental_deterministic_and_rng_neutral(setup, tmp_pa
     assert not torch.equal(init, after_one)
 
 
-def test_update_aia_callback_collects_labelled_update_features(setup, tmp_path):
-    client, data = setup
-    fed = _fake_federation(data, tmp_path, rounds=3)
-    settings = attack_settings({"enabled": ["update_aia"], "update_aia": {"top_k": 50}})
+def _run_update_aia(fed, client, rounds, monkeypatch, labels=None):
+    """Drive the update-aware AIA callback through `rounds` rounds of random real updates; returns the callback, the
+    metrics and the (train, test) arrays handed to the probe."""
+    import resfl_lightning.attacks.update_aia as update_aia
+    import resfl_lightning.callbacks.update_aia as callback_module
+
+    if labels is not None:  # evaluation ground truth the test controls: which dominant group each real client has
+        monkeypatch.setattr(callback_module, "real_client_labels", lambda data: dict(labels))
+    probe_inputs = []
+    real_probe = update_aia.train_test_attribute_probe
+
+    def spy(train_x, train_y, test_x, test_y, *args, **kwargs):
+        probe_inputs.append((np.array(train_x), np.array(train_y), np.array(test_x), np.array(test_y)))
+        return real_probe(train_x, train_y, test_x, test_y, *args, **kwargs)
+
+    monkeypatch.setattr(update_aia, "train_test_attribute_probe", spy)
+    settings = attack_settings({"enabled": ["update_aia"], "update_aia": {
+        "top_k": 50, "shadow_clients": 3, "shadow_client_size": 4, "min_samples": 8}})
     cb = UpdateAttributeInference(settings, seed=0)
     layout = FlatLayout.of(client)
-    cb.on_fit_start(fed, client, layout)
-    assert cb.prefixes == default_head_prefixes(client) == ["model.detector.model.22.", "model.nig."]
+    theta = layout.flatten(client)
+    state = SimpleNamespace(theta=theta, int_buffers=layout.int_buffers(client))
+    cb.on_fit_start(fed, client, layout, state)
     gen = torch.Generator().manual_seed(0)
     metrics: dict = {}
-    for r in range(3):
+    for r in range(rounds):
         for cid in range(4):
-            cb.on_client_end(fed, r, SimpleNamespace(client_id=cid), torch.randn(layout.numel, generator=gen))
-        cb.on_round_end(fed, r, metrics)
-    assert len(cb.rows) == 12 and metrics["attack/update_aia_n_samples"] == 12
-    assert cb.rows[0][2].shape == (3 * len(layout.segments()) + 3,)
-    for _, cid, _, label in cb.rows:
+            cb.on_client_end(fed, r, SimpleNamespace(client_id=cid), 1e-3 * torch.randn(layout.numel, generator=gen))
+        state = SimpleNamespace(theta=theta + 1e-3 * torch.randn(layout.numel, generator=gen),
+                                int_buffers=state.int_buffers)
+        cb.on_round_end(fed, r, layout, state, metrics)
+    return cb, metrics, probe_inputs
+
+
+def test_update_aia_probe_trains_on_shadow_updates_and_tests_on_real_ones(setup, tmp_path, monkeypatch):
+    client, data = setup
+    fed = _fake_federation(data, tmp_path, rounds=3)
+    cb, metrics, probe_inputs = _run_update_aia(fed, client, 3, monkeypatch, labels={0: 0, 1: 1, 2: 2, 3: 0})
+    assert cb.prefixes == default_head_prefixes(client) == ["model.detector.model.22.", "model.nig."]
+    assert cb.applicable and len(cb.rows) == 12 and len(cb.shadow_rows) == 9  # 4 real, 3 shadow clients x 3 rounds
+    assert [lab for *_, lab in cb.shadow_rows[:3]] == cb.shadow.labels
+    assert metrics["attack/update_aia_applicable"] == 1.0 and 0 <= metrics["attack/update_aia_balanced_accuracy"] <= 1
+    (train_x, train_y, test_x, test_y), = probe_inputs
+    real_x = np.stack([r[2] for r in cb.rows])
+    # The probe never sees a real client's update while training: none of its training rows is a real update,
+    # every one is a shadow client's, and the real updates are exactly its test set.
+    assert not any(np.isclose(real_x, row, rtol=0, atol=1e-7).all(axis=1).any() for row in train_x)
+    np.testing.assert_array_equal(train_x, np.stack([r[2] for r in cb.shadow_rows]))
+    np.testing.assert_array_equal(np.sort(test_x, axis=0), np.sort(real_x, axis=0))
+    np.testing.assert_array_equal(np.sort(test_y), np.sort([r[3] for r in cb.rows]))
+    assert metrics["attack/update_aia_n_samples"] == 12 and metrics["attack/update_aia_n_shadow_samples"] == 9
+    saved = json.loads((tmp_path / "attacks" / "update_aia_round_0002.json").read_text())
+    assert {s["shadow_client"] for s in saved["train_samples"]} == {-1, -2, -3}
+    assert {s["client"] for s in saved["test_samples"]} == {0, 1, 2, 3}
+
+
+def test_update_aia_is_not_applicable_when_every_client_has_the_same_dominant_group(setup, tmp_path, monkeypatch):
+    client, data = setup
+    fed = _fake_federation(data, tmp_path, rounds=2)
+    for cid in range(4):  # the real labels of this data (tiny IID shards)
         groups = data.source.annotations.groups[np.isin(data.source.annotations.image_index,
                                                         data.splits.clients[cid].train)]
-        assert label == client_dominant_group(data, cid) == np.bincount(groups[groups >= 0]).argmax()
-    assert 0 <= metrics["attack/update_aia_top1"] <= 1 and "attack/update_aia_chance_rate" in metrics
-    saved = json.loads((tmp_path / "attacks" / "update_aia_round_0002.json").read_text())
-    assert len(saved["samples"]) == 12
+        assert client_dominant_group(data, cid) == np.bincount(groups[groups >= 0]).argmax()
+    cb, metrics, probe_inputs = _run_update_aia(fed, client, 2, monkeypatch, labels={0: 1, 1: 1, 2: 1, 3: 1})
+    assert not cb.applicable and cb.shadow is None and cb.shadow_rows == [] and probe_inputs == []
+    assert metrics["attack/update_aia_applicable"] == 0.0 and metrics["attack/update_aia_n_labels"] == 1
+    assert np.isnan(metrics["attack/update_aia_balanced_accuracy"])  # not a "chance rate of 1.0"
+    assert np.isnan(metrics["attack/update_aia_success_rate"])
 
 
 def test_tabular_client_features():
@@ -234,7 +279,7 @@ def test_tabular_client_features():
     torch.manual_seed(0)
     client = tabular.TabularClient(f, 2, LossWeights(), UfmSettings(), OptimSettings(), hidden=(16, 8))
     feats = mia_features(client, data.loader_for(data.splits.reserve))
-    assert feats.shape == (len(data.splits.reserve), 6) and np.isfinite(feats).all()
+    assert feats.shape == (len(data.splits.reserve), 7) and np.isfinite(feats).all()
     rep = representation_features(client, data.loader_for(data.splits.reserve))
     assert rep["features"].shape == (len(data.splits.reserve), 8) and rep["source"] == "penultimate"
     np.testing.assert_array_equal(rep["groups"], s[data.splits.reserve])

@@ -53,12 +53,15 @@ def clean(workdir) -> dict:
 def test_privacy_run_reports_attacks_and_scores_without_changing_training(workdir, clean):
     s = train(workdir, "privacy", "attack=privacy")
     for key in ("attack/mia_success_rate", "attack/mia_auc", "attack/mia_tpr_at_fpr_1", "attack/mia_tpr_at_fpr_5",
-                "attack/mia_tpr_at_fpr_10", "attack/aia_top1", "attack/aia_macro_f1", "attack/aia_chance_rate",
+                "attack/mia_tpr_at_fpr_10", "attack/mia_oracle_tpr_at_fpr_10", "attack/mia_threshold",
+                "attack/aia_balanced_accuracy", "attack/aia_top1", "attack/aia_macro_f1", "attack/aia_chance_majority",
+                "attack/aia_chance_uniform",
                 "score/privacy"):
         assert key in s and 0.0 <= s[key] <= 1.0, key
-    assert s["score/privacy"] == pytest.approx((s["attack/mia_success_rate"] + s["attack/aia_success_rate"]) / 2)
+    assert s["score/privacy"] == pytest.approx((s["attack/mia_success_rate"] + s["attack/aia_balanced_accuracy"]) / 2)
     assert s["attack/mia_n_members"] == s["attack/mia_n_nonmembers"] == 10  # 30 reserve images cut in thirds
-    assert s["attack/update_aia_n_samples"] == 8  # 4 clients x 2 rounds (too few for the probe: skipped)
+    assert s["attack/update_aia_n_samples"] == 8  # 4 clients x 2 rounds
+    assert s["attack/update_aia_applicable"] == 0.0  # IID shards: one dominant group, reported not applicable
     details = json.loads((workdir / "privacy" / "attacks" / "privacy_round_0001.json").read_text())
     assert details["mia"]["shadow_rounds"] == 2 and details["aia"]["n_samples"] == s["attack/aia_n_samples"]
     # The attacks are passive: the federated training is bit-for-bit the clean run's.

@@ -1,4 +1,4 @@
-"""Byzantine sign flip, l2 bounding, attacker selection and BA AD."""
+"""Byzantine sign flip, l2 bounding, attacker selection, BA AD, and the report modes (honest | sent | lie)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from resfl_lightning.attacks.byzantine import (
+    attacker_report,
     byzantine_transform,
     choose_attackers,
     count_from_fraction,
@@ -93,3 +94,53 @@ def test_relative_drop():
     assert relative_drop(0.40, 0.50) == pytest.approx(-0.25)
     with pytest.raises(ValueError, match="clean metric is 0"):
         relative_drop(0.0, 0.1)
+
+
+# --- what an attacker reports (attack.byzantine.report) -------------------------------------------------------------
+class _Eval:
+    def __init__(self, ufm_raw: float, utility: float):
+        self.ufm_raw, self.utility = ufm_raw, utility
+
+
+class _Client:
+    """Stand-in for the client's report_u (EMA off, clip [0, 5], gate 0.30), recording every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def report_u(self, ufm_raw, utility):
+        self.calls.append((ufm_raw, utility))
+        return ufm_raw, min(max(ufm_raw, 0.0), 5.0) if utility >= 0.30 else 5.0, utility < 0.30
+
+
+@pytest.mark.parametrize("mode, expected_u, expected_gated, evaluated", [
+    ("honest", 0.4, False, [(0.4, 0.5)]),  # the trained (pre-flip) model's UFM
+    ("sent", 5.0, True, [(1.7, 0.1)]),  # the sent model: mAP 0.1 < gate 0.30 -> u = clip_high
+    ("lie", 0.0, False, [(0.4, 0.5)]),  # clip_low, never gated, whatever the honest pipeline says
+])
+def test_attacker_report_modes(mode, expected_u, expected_gated, evaluated):
+    client, sent_calls = _Client(), []
+    honest, sent = _Eval(0.4, 0.5), _Eval(1.7, 0.1)
+
+    def validate_sent():
+        sent_calls.append(1)
+        return sent
+
+    result, (_, u, gated) = attacker_report(mode, honest, validate_sent, client.report_u, clip_low=0.0)
+    assert (u, gated) == (expected_u, expected_gated)
+    assert client.calls == evaluated  # the EMA / clip / gate step runs once, on the reported model
+    assert result is (sent if mode == "sent" else honest)
+    assert len(sent_calls) == (mode == "sent")  # the sent model is evaluated only when it is what is reported
+    with pytest.raises(ValueError, match="report mode"):
+        attacker_report("boast", honest, validate_sent, client.report_u, clip_low=0.0)
+
+
+def test_byzantine_update_reports_only_for_its_attackers():
+    from resfl_lightning.attacks.robustness import ByzantineUpdate
+    from resfl_lightning.attacks.settings import ByzantineSettings
+
+    t = ByzantineUpdate(4, ByzantineSettings(fraction=0.5, report="lie"), seed=3, clip_low=0.25)
+    attackers = t.attackers(0)
+    for cid in range(4):
+        _, (_, u, gated) = t.report(cid, 0, _Eval(2.0, 0.1), lambda: None, _Client().report_u)
+        assert (u, gated) == ((0.25, False) if cid in attackers else (5.0, True))

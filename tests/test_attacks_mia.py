@@ -1,4 +1,5 @@
-"""Membership inference: features, a real shadow-model attack on an overfit model, and ROC metrics by hand."""
+"""Membership inference: features, a real shadow-model attack on an overfit model, thresholds chosen on shadow data
+only, and ROC metrics by hand."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.neural_network import MLPClassifier
 
 from resfl_lightning.attacks.mia import (
+    choose_threshold,
     classification_mia_features,
     detection_mia_features,
     evaluate_membership_attack,
     fit_membership_attack,
     membership_metrics_from_scores,
+    thresholds_at_fpr,
     tpr_at_fpr,
 )
 
@@ -85,9 +88,18 @@ def test_roc_metrics_match_hand_computed_case():
     assert tpr_at_fpr(labels, scores, 0.10) == pytest.approx(2 / 3)
     assert tpr_at_fpr(labels, scores, 0.25) == pytest.approx(1.0)
     res = membership_metrics_from_scores(members, nonmembers, seed=0)
-    assert res["tpr_at_fpr_1"] == res["tpr_at_fpr_5"] == res["tpr_at_fpr_10"] == pytest.approx(2 / 3)
+    # Thresholds read off these very non-members: the oracle upper bound, labelled as such.
+    assert res["oracle_tpr_at_fpr_1"] == res["oracle_tpr_at_fpr_5"] == res["oracle_tpr_at_fpr_10"] == \
+        pytest.approx(2 / 3)
+    assert "tpr_at_fpr_1" not in res  # no thresholds from elsewhere were given
     # AUC: of 12 member/non-member pairs, only (0.4 vs 0.7) is mis-ordered -> 11/12.
     assert res["auc"] == pytest.approx(11 / 12)
+    # Thresholds set elsewhere (shadow non-members): TPR = members above them, and the FPR they really give here.
+    given = membership_metrics_from_scores(members, nonmembers, seed=0, fpr_thresholds={0.01: 0.75, 0.05: 0.5,
+                                                                                        0.10: 0.2})
+    assert (given["tpr_at_fpr_1"], given["fpr_at_threshold_1"]) == (pytest.approx(2 / 3), 0.0)
+    assert (given["tpr_at_fpr_5"], given["fpr_at_threshold_5"]) == (pytest.approx(2 / 3), 0.25)
+    assert (given["tpr_at_fpr_10"], given["fpr_at_threshold_10"]) == (1.0, 0.5)
     # Balanced subsample keeps 3 of 4 non-members; at 0.5 the members score TPR 2/3 and every non-member is
     # below 0.5 except 0.7, so TNR is 1 or 2/3 depending on which three are kept.
     assert res["success_rate"] in (pytest.approx(0.5 * (2 / 3 + 1.0)), pytest.approx(0.5 * (2 / 3 + 2 / 3)))
@@ -117,10 +129,12 @@ def test_detection_features_by_hand():
         {"scores": np.array([0.3]), "alpha0": np.array([1.0]), "u_cls": np.array([0.7])},
     ]
     f = detection_mia_features(preds, [0.1, 2.0, 0.5], np.array([1.5, -0.2, 0.0]))
+    # Dirichlet variance of a detection: p (1 - p) / (alpha0 + 1) with p its score.
+    var0 = 0.5 * (0.9 * 0.1 / 10 + 0.5 * 0.5 / 4)
     expected = np.array([
-        [2, 0.7, 0.9, 6.0, 0.5 * (1 / 10 + 1 / 4), 0.1, 1.5],
-        [0, 0, 0, 0, 0, 2.0, -0.2],  # no detections: zeros, loss and margin still given
-        [1, 0.3, 0.3, 1.0, 0.7, 0.5, 0.0],  # u_cls taken as given when present
+        [2, 0.7, 0.9, 6.0, 0.5 * (1 / 10 + 1 / 4), 0.1, 1.5, var0],
+        [0, 0, 0, 0, 0, 2.0, -0.2, 0],  # no detections: zeros, loss and margin still given
+        [1, 0.3, 0.3, 1.0, 0.7, 0.5, 0.0, 0.3 * 0.7 / 2],  # u_cls taken as given when present
     ])
     np.testing.assert_allclose(f, expected, rtol=1e-6)
     with pytest.raises(ValueError, match="per_image_losses"):
@@ -133,7 +147,56 @@ def test_classification_features_by_hand():
     probs = np.array([[0.7, 0.2, 0.1], [0.5, 0.5, 0.0]])
     f = classification_mia_features(probs, np.array([4.0, 1.0]), np.array([0.36, 0.69]))
     ent0 = -(0.7 * np.log(0.7) + 0.2 * np.log(0.2) + 0.1 * np.log(0.1))
-    expected = np.array([[0.7, ent0, 4.0, 0.2, 0.36, 0.5], [0.5, np.log(2), 1.0, 0.5, 0.69, 0.0]])
+    expected = np.array([[0.7, ent0, 4.0, 0.2, 0.36, 0.5, 0.7 * 0.3 / 5], [0.5, np.log(2), 1.0, 0.5, 0.69, 0.0, 0.125]])
     np.testing.assert_allclose(f, expected, rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="not probability vectors"):
         classification_mia_features(np.array([[0.7, 0.7]]), None, np.array([0.1]))
+
+
+# --- thresholds come from shadow data only ------------------------------------------------------------------------
+def test_threshold_depends_only_on_shadow_data(shadow_and_target):
+    attack, target, target_in, target_out = shadow_and_target
+    members = _features(target, *target_in)
+    rng = np.random.default_rng(9)
+    # Two very different target non-member sets: the model's own held-out pool, and rows it memorised (members
+    # mislabelled as non-members), which score like members.
+    a = evaluate_membership_attack(attack, members, _features(target, *target_out), seed=0)
+    b = evaluate_membership_attack(attack, members, _features(target, *target_in)[rng.permutation(200)[:150]], seed=0)
+    assert a["threshold"] == b["threshold"] == attack.threshold
+    for p in (1, 5, 10):  # TPR at shadow-set thresholds: members scored against fixed thresholds
+        assert a[f"tpr_at_fpr_{p}"] == b[f"tpr_at_fpr_{p}"]
+        assert a[f"fpr_at_threshold_{p}"] < b[f"fpr_at_threshold_{p}"]  # the realised FPR is what moves
+    # The oracle reads the ROC at the evaluated non-members, so it moves with them.
+    assert a["oracle_tpr_at_fpr_10"] > b["oracle_tpr_at_fpr_10"]
+
+
+def test_threshold_is_the_balanced_accuracy_optimum_on_shadow_validation(shadow_and_target):
+    attack = shadow_and_target[0]
+    y, s = attack.val_labels, attack.val_scores
+    assert attack.split_sizes == {"fit": 280, "validation": 40, "test": 80}  # 70/10/20 of 400 shadow rows
+    assert len(y) == 40 and set(np.unique(y)) == {0, 1}
+    best = max(balanced_accuracy_score(y, s > t) for t in np.r_[-1.0, np.unique(s), 2.0])
+    assert balanced_accuracy_score(y, s > attack.threshold) == pytest.approx(best)
+    assert attack.threshold == choose_threshold(y, s)
+
+
+def test_choose_threshold_by_hand():
+    # members 0.9, 0.6, 0.35; non-members 0.4, 0.3, 0.1: best split is between 0.4 and 0.6 (BA 5/6), or between 0.3
+    # and 0.35 (BA (1 + 2/3)/2 = 5/6): a tie, broken towards 0.5 -> midpoint 0.5 of 0.4 and 0.6.
+    labels, scores = np.array([1, 1, 1, 0, 0, 0]), np.array([0.9, 0.6, 0.35, 0.4, 0.3, 0.1])
+    assert choose_threshold(labels, scores) == pytest.approx(0.5)
+    # A clean split between 0.4 and 0.45; shifted by +0.3 it moves with the scores (a transferred 0.5 would call
+    # every shifted row a member: balanced accuracy 0.5 instead of 1).
+    separable = np.array([0.9, 0.6, 0.45, 0.4, 0.3, 0.1])
+    assert choose_threshold(labels, separable) == pytest.approx(0.425)
+    assert choose_threshold(labels, separable + 0.3) == pytest.approx(0.725)
+
+
+def test_thresholds_at_fpr_hold_the_rate_on_the_set_they_came_from():
+    ns = np.arange(20) / 20  # 0.00 .. 0.95
+    t = thresholds_at_fpr(ns)
+    assert t == {0.01: 0.95, 0.05: 0.90, 0.10: 0.85}  # FPR 0, 1/20, 2/20
+    scores = np.random.default_rng(0).random(333)
+    for target, thr in thresholds_at_fpr(scores).items():
+        assert np.mean(scores > thr) <= target
+        assert np.mean(scores >= thr) > target  # the lowest such threshold: one step lower breaks the bound

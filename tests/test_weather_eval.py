@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import OmegaConf
 
-from callbacks.weather import WeatherEvaluation
+from resfl_lightning.callbacks.weather import WeatherEvaluation
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.detection import Annotations, ArrayImages, DetectionDataset
 from resfl_lightning.data.federated import FederatedDetectionData

@@ -1,13 +1,19 @@
-"""Byzantine sign-flip attack (SPEC §7) and the BA AD metric.
+"""Byzantine sign-flip attack (SPEC §7), what an attacker reports about its update, and the BA AD metric.
 
 Attackers are drawn at random each round from (seed, round) — never "the first clients" (SPEC §9) — and the optional
 l2 bound only rescales an update, it never adds noise.
+
+Report modes (`attack.byzantine.report`), i.e. the u an attacker sends beside its flipped update:
+- honest (default, our reading): the UFM pipeline (EMA, clip, gate) on the model it trained, before the flip;
+- sent: the same pipeline on the model it actually sends, theta_G + its flipped update, evaluated on its
+  validation split (the gate then sees that model's mAP);
+- lie: the best value the server accepts, u = clip_low, never gated.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -16,6 +22,7 @@ import torch
 Delta = TypeVar("Delta", torch.Tensor, np.ndarray, Mapping)
 
 _ATTACKER_STREAM = 0x42595A  # separates this RNG stream from other uses of the same seed
+REPORT_MODES = ("honest", "sent", "lie")
 
 
 def count_from_fraction(num_clients: int, fraction: float) -> int:
@@ -91,3 +98,20 @@ def relative_drop(clean: float, attacked: float) -> float:
     if clean == 0.0:
         raise ValueError("relative_drop: clean metric is 0, the relative drop is undefined")
     return (clean - attacked) / clean
+
+
+def attacker_report(mode: str, honest: Any, validate_sent: Callable[[], Any],
+                    report_u: Callable[[float, float], tuple[float, float, bool]],
+                    clip_low: float) -> tuple[Any, tuple[float, float, bool]]:
+    """(the evaluation the attacker's report carries, (EMA state, u, gated)) under a report mode (module docstring).
+
+    `honest` is the evaluation of the model the attacker trained; `validate_sent()` evaluates theta_G + the update it
+    sends; `report_u(ufm_raw, utility)` is the client's own EMA -> clip -> gate step, run once on the reported model.
+    """
+    if mode not in REPORT_MODES:
+        raise ValueError(f"report mode must be one of {REPORT_MODES}, got {mode!r}")
+    result = validate_sent() if mode == "sent" else honest
+    ema, u, gated = report_u(result.ufm_raw, result.utility)
+    if mode == "lie":
+        u, gated = float(clip_low), False
+    return result, (ema, u, gated)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from resfl_lightning.attacks.byzantine import byzantine_transform, choose_attackers
+from resfl_lightning.attacks.byzantine import attacker_report, byzantine_transform, choose_attackers
 from resfl_lightning.attacks.poisoning import is_poison_round, poison_annotations, poisoned_clients
 from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import stream_seed
@@ -29,10 +30,21 @@ def parameter_mask(client: torch.nn.Module, layout: Any) -> torch.Tensor:
 
 class ByzantineUpdate:
     """Update transform (client_id, round_idx, delta) -> delta: the round's attackers send -gamma * delta, optionally
-    rescaled to an l2 bound; attackers are drawn per round from (seed, round) (byzantine.choose_attackers)."""
+    rescaled to an l2 bound; attackers are drawn per round from (seed, round) (byzantine.choose_attackers).
 
-    def __init__(self, num_clients: int, settings: ByzantineSettings, seed: int, mask: torch.Tensor | None = None):
+    `report` is the orchestrator's hook for what a client reports beside its update (byzantine.attacker_report);
+    `clip_low` is the lowest u the server accepts (ufm.clip_low), what a lying attacker reports."""
+
+    def __init__(self, num_clients: int, settings: ByzantineSettings, seed: int, mask: torch.Tensor | None = None,
+                 clip_low: float = 0.0):
         self.num_clients, self.settings, self.seed, self.mask = num_clients, settings, seed, mask
+        self.clip_low = clip_low
+
+    def report(self, client_id: int, round_idx: int, honest: Any, validate_sent: Callable[[], Any],
+               report_u: Callable[[float, float], tuple[float, float, bool]]) -> tuple[Any, tuple[float, float, bool]]:
+        """(evaluation, (EMA, u, gated)) this client reports: honest for non-attackers, the mode's for attackers."""
+        mode = self.settings.report if client_id in self.attackers(round_idx) else "honest"
+        return attacker_report(mode, honest, validate_sent, report_u, self.clip_low)
 
     def attackers(self, round_idx: int) -> list[int]:
         return choose_attackers(self.num_clients, self.settings.fraction, self.seed, round_idx)

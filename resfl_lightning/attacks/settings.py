@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resfl_lightning.attacks.byzantine import REPORT_MODES
 from resfl_lightning.attacks.poisoning import MODES
 from resfl_lightning.config import ConfigError
 
@@ -48,7 +49,10 @@ class AiaSettings:
 class UpdateAiaSettings:
     top_k: int = 1000
     head_prefixes: list[str] | None = None  # null: the model's detection head (or its last layer)
-    min_samples: int = 10
+    min_samples: int = 10  # fewest shadow updates the probe trains on
+    shadow_clients: int = 6  # shadow clients simulated from the reserve each round (the probe's training set)
+    shadow_client_size: int | None = None  # items per shadow client; null: an average real client's training split
+    shadow_alpha: float = 0.5  # Dirichlet concentration of the shadow clients' group mixes
     probe: ProbeSettings = field(default_factory=ProbeSettings)
 
 
@@ -58,6 +62,7 @@ class ByzantineSettings:
     gamma: float = 1.0
     l2_bound: float | None = None
     include_buffers: bool = False  # flip BatchNorm running statistics too (can make variances negative)
+    report: str = "honest"  # honest | sent | lie: what an attacker reports as u (attacks/byzantine.py)
 
 
 @dataclass
@@ -112,6 +117,14 @@ class AttackSettings:
             raise ConfigError(f"attack.byzantine.gamma must be > 0, got {b.gamma}")
         if b.l2_bound is not None and not b.l2_bound > 0:
             raise ConfigError(f"attack.byzantine.l2_bound must be null or > 0, got {b.l2_bound}")
+        if b.report not in REPORT_MODES:
+            raise ConfigError(f"attack.byzantine.report must be one of {list(REPORT_MODES)}, got {b.report!r}")
+        ua = self.update_aia
+        if ua.shadow_clients < 1 or (ua.shadow_client_size is not None and ua.shadow_client_size < 1):
+            raise ConfigError(f"attack.update_aia.shadow_clients / shadow_client_size must be >= 1, got "
+                              f"{ua.shadow_clients}, {ua.shadow_client_size}")
+        if not ua.shadow_alpha > 0:
+            raise ConfigError(f"attack.update_aia.shadow_alpha must be > 0, got {ua.shadow_alpha}")
         p = self.poisoning
         if not 0 <= p.fraction <= 1:
             raise ConfigError(f"attack.poisoning.fraction must be in [0, 1], got {p.fraction}")

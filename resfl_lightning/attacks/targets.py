@@ -63,21 +63,33 @@ def item_groups(data: Any) -> np.ndarray:
     raise NotImplementedError(f"{type(data).__name__}: provide item_groups() for the attack reserve split")
 
 
+def object_groups(data: Any, items: np.ndarray) -> np.ndarray:
+    """Sensitive groups of every labelled object (person / row) in the given items (distinct item indices)."""
+    data = base_data(data)
+    items = np.asarray(items, np.int64)
+    if hasattr(data, "source") and hasattr(data.source, "annotations"):
+        ann = data.source.annotations
+        return ann.groups[np.isin(ann.image_index, items)]
+    if hasattr(data, "groups"):
+        return item_groups(data)[items]
+    raise NotImplementedError(f"{type(data).__name__}: no per-object groups for the update-aware AIA")
+
+
 def client_train_groups(data: Any, client_id: int) -> np.ndarray:
     """Sensitive groups of every labelled object in a client's *clean* training split (evaluation ground truth)."""
     data = base_data(data)
     if hasattr(data, "train_groups"):
         return np.asarray(data.train_groups(client_id), dtype=np.int64)
-    if hasattr(data, "source") and hasattr(data.source, "annotations"):
-        ann = data.source.annotations
-        return ann.groups[np.isin(ann.image_index, data.splits.clients[client_id].train)]
-    if hasattr(data, "groups"):
-        return item_groups(data)[np.asarray(data.splits.clients[client_id].train, np.int64)]
-    raise NotImplementedError(f"{type(data).__name__}: provide train_groups(client_id) for the update-aware AIA")
+    return object_groups(data, data.splits.clients[client_id].train)
 
 
 def client_dominant_group(data: Any, client_id: int) -> int:
     return dominant_group(client_train_groups(data, client_id), base_data(data).num_groups)
+
+
+def items_dominant_group(data: Any, items: np.ndarray) -> int:
+    """Dominant group of the objects in a set of items (a shadow client's training set)."""
+    return dominant_group(object_groups(data, items), base_data(data).num_groups)
 
 
 def train_loader_for(data: Any, indices: np.ndarray, seed: int):
