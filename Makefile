@@ -6,9 +6,12 @@ DATASET ?= synthetic
 ALGO ?= resfl
 DEVICES ?= 1
 ARGS ?=
+SEEDS ?= 3
+SCENARIO ?= iid
+METHODS ?=
 SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
 
-.PHONY: install train test test-slow test-all lint bench sweep sweep-local privacy clean
+.PHONY: install train test test-slow test-all lint bench sweep sweep-local privacy report table clean
 
 install: $(VENV)/.installed
 
@@ -38,6 +41,13 @@ bench: install
 
 privacy: install
 	$(PY) -m resfl_lightning.privacy_report $(ARGS)
+
+report: install
+	$(PY) -m resfl_lightning.report $(ARGS)
+
+table: install
+	$(PY) -m resfl_lightning.table --dataset $(DATASET) --scenario $(SCENARIO) --seeds $(SEEDS) \
+	  $(if $(METHODS),--methods $(METHODS)) $(ARGS)
 
 sweep: install
 	$(VENV)/bin/wandb sweep $(SWEEP)

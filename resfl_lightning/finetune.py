@@ -51,8 +51,9 @@ from resfl_lightning.evaluation.weather import (
     write_weather_json,
 )
 from resfl_lightning.federation.local import train_epoch
+from resfl_lightning.resources import conf_dir
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = conf_dir()
 CLEAR = condition_index("clear", 0)
 
 
@@ -218,7 +219,7 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
     if state.theta.numel() != layout.numel:
         raise ValueError(f"{ckpt} holds {state.theta.numel()} values but the configured model has {layout.numel}; "
                          "does the config (model.scale, dataset groups / classes) match the run?")
-    layout.load(client, state.theta, state.int_buffers)
+    layout.load(client, state.model_theta, state.int_buffers)
 
     summary: dict = {"checkpoint": str(ckpt), "round": state.round_idx, "settings": asdict(settings),
                      "lambda_priv": client.weights.lambda_priv}
@@ -246,7 +247,7 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
                                                      sort_keys=True))
     int_buffers = {k: v.cpu() for k, v in layout.int_buffers(client).items()}
     save_checkpoint(out_dir / "finetuned.pt", ServerState(round_idx=state.round_idx, theta=layout.flatten(client).cpu(),
-                                                          int_buffers=int_buffers, ufm_ema=state.ufm_ema))
+                                                          int_buffers=int_buffers))
     fabric.print(f"fine-tuned model and weather evaluation ({mode}) written to {out_dir}")
     return summary
 

@@ -12,8 +12,11 @@ import hydra
 from omegaconf import DictConfig
 
 import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
+from resfl_lightning.cli_help import register as _register_help
+from resfl_lightning.resources import conf_dir
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(conf_dir())  # resfl_lightning/conf when installed, conf/ in a checkout
+_register_help(Path(CONF_DIR))  # `--help` lists the config groups and options
 
 
 def run(cfg: DictConfig):
