@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--scale-rounds", type=int, default=3, help="rounds per virtual-client run (0 skips that part)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     batch = synthetic_batch(args.image_size, args.batch)
@@ -102,7 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     agg.add_column("value", justify="right")
     agg.add_row("seconds per folded client delta", f"{per_client:.4f}")
     agg.add_row("accumulator size / |theta| (fp32)", f"{mem_units:.1f}x (independent of client count)")
+    agg.add_row("throughput (client deltas folded per second)", f"{1 / per_client:,.0f}")
     console.print(agg)
+    if args.scale_rounds > 0:  # issue 11: RSS and step time for 4 / 100 / 1,000 clients at 10 % participation
+        from resfl_lightning.bench_scale import measure, table
+
+        console.print(table(measure(fraction=0.1, rounds=args.scale_rounds)))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,38 @@ from resfl_lightning.data.detection import AnnotatedImages, DetectionDataset, de
 from resfl_lightning.data.partition import FederatedSplits, image_groups, make_federated_splits
 
 
+@dataclass(frozen=True)
+class LoaderSettings:
+    """dataset.loader: DataLoader worker processes, pinned host memory (fast, non-blocking copies to a GPU) and
+    workers kept alive between epochs of one loader. Defaults keep everything in the training process."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None  # batches each worker prepares ahead (torch's default 2 when null)
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"dataset.loader.num_workers must be >= 0, got {self.num_workers}")
+        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
+            raise ValueError("dataset.loader.persistent_workers / prefetch_factor need num_workers > 0")
+
+    @classmethod
+    def from_config(cls, cfg) -> LoaderSettings:
+        loader = (cfg.get("loader") if cfg is not None else None) or {}
+        prefetch = loader.get("prefetch_factor")
+        return cls(num_workers=int(loader.get("num_workers", 0)), pin_memory=bool(loader.get("pin_memory", False)),
+                   persistent_workers=bool(loader.get("persistent_workers", False)),
+                   prefetch_factor=None if prefetch is None else int(prefetch))
+
+    def kwargs(self) -> dict:
+        out = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+               "persistent_workers": self.persistent_workers}
+        if self.prefetch_factor is not None:
+            out["prefetch_factor"] = self.prefetch_factor
+        return out
+
+
 class ClientSplitLoaders:
     """Loader accessors every federated dataset shares; a subclass builds the DataLoader in `_loader`."""
 
@@ -60,13 +92,14 @@ class FederatedDetectionData(ClientSplitLoaders):
     image_size: int | None
     augment: bool
     task: str = "detection"
+    loader: LoaderSettings = LoaderSettings()
 
     def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
         augment = DetectionAugment() if train and self.augment else None
         ds = DetectionDataset(self.source, indices, augment=augment, image_size=self.image_size, seed=seed)
         gen = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,
-                          collate_fn=detection_collate, num_workers=0)
+                          collate_fn=detection_collate, **self.loader.kwargs())
 
     def loader_for(self, indices: np.ndarray) -> DataLoader:
         return self._loader(np.asarray(indices), shuffle=False)
@@ -101,7 +134,7 @@ def build_synthetic(cfg: DictConfig, seed: int) -> FederatedDetectionData:
         splits = dataclasses.replace(splits, reserve=np.concatenate([splits.reserve, extra_ids]))
     return FederatedDetectionData(source=scenes, splits=splits,
                                   num_groups=num_groups(cfg.grouping), num_classes=1, batch_size=cfg.batch_size,
-                                  image_size=None, augment=cfg.augment)
+                                  image_size=None, augment=cfg.augment, loader=LoaderSettings.from_config(cfg))
 
 
 # dataset name -> module defining `build(cfg, seed)` and optionally `preflight(cfg)` (fast checks, e.g. files).
@@ -135,6 +168,12 @@ def dataset_preflight(cfg: DictConfig) -> None:
 
 def build_federated_data(cfg: DictConfig, seed: int, rank_zero: bool = True, printer=print):
     data = _module_for(cfg).build(cfg, seed)
+    if cfg.get("quality_skew"):  # scenario=quality_skew
+        from resfl_lightning.data.quality_skew import QualitySkewSettings, apply_quality_skew
+
+        data, summary = apply_quality_skew(data, QualitySkewSettings(**cfg.quality_skew), seed)
+        if rank_zero:
+            printer(f"scenario quality_skew: {summary}")
     if rank_zero:
         sizes = data.splits.sizes() if hasattr(data, "splits") else {}
         printer(f"dataset {cfg.name}: " + ", ".join(f"{k}={v}" for k, v in sizes.items()

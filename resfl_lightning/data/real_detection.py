@@ -36,7 +36,7 @@ from resfl_lightning.data.facet import (
     load_facet,
     resolve_facet_root,
 )
-from resfl_lightning.data.federated import FederatedDetectionData
+from resfl_lightning.data.federated import FederatedDetectionData, LoaderSettings
 from resfl_lightning.data.mst import GROUPINGS, num_groups
 from resfl_lightning.data.partition import ClientSplit, FederatedSplits, image_groups, make_federated_splits
 from resfl_lightning.data.records import ON_ERROR, DetectionRecords
@@ -232,7 +232,7 @@ def _federated(records: DetectionRecords, splits: FederatedSplits, cfg: DictConf
     return FederatedDetectionData(source=records_to_images(records), splits=splits,
                                   num_groups=num_groups(cfg.grouping), num_classes=len(records.class_names),
                                   batch_size=int(cfg.batch_size), image_size=int(cfg.image_size),
-                                  augment=bool(cfg.augment))
+                                  augment=bool(cfg.augment), loader=LoaderSettings.from_config(cfg))
 
 
 def _root(cfg: DictConfig) -> Path | None:

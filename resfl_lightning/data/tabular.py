@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.adult import ADULT_URL, SENSITIVE_GROUPS, adult_feature_names, load_adult
-from resfl_lightning.data.federated import ClientSplitLoaders
+from resfl_lightning.data.federated import ClientSplitLoaders, LoaderSettings
 from resfl_lightning.data.partition import FederatedSplits, make_federated_splits
 
 ADULT_FILES = ("adult.data", "adult.test")
@@ -63,6 +63,7 @@ class FederatedTabularData(ClientSplitLoaders):
     feature_names: tuple[str, ...] = ()
     num_classes: int = 2
     task: str = "classification"
+    loader: LoaderSettings = LoaderSettings()
 
     def __post_init__(self) -> None:
         n = self.x.shape[0]
@@ -86,7 +87,7 @@ class FederatedTabularData(ClientSplitLoaders):
         drop_last = train and len(ds) % size == 1
         gen = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(ds, batch_size=size, shuffle=shuffle, generator=gen, drop_last=drop_last,
-                          collate_fn=_batch_collate, num_workers=0)
+                          collate_fn=_batch_collate, **self.loader.kwargs())
 
     def loader_for(self, indices: np.ndarray) -> DataLoader:
         indices = np.asarray(indices, dtype=np.int64)
@@ -115,7 +116,7 @@ def federated_tabular_data(x_train: np.ndarray, y_train: np.ndarray, s_train: np
         groups=torch.from_numpy(np.concatenate([s_train, s_test]).astype(np.int64)),
         splits=splits, num_groups=num_groups, batch_size=int(cfg.batch_size),
         eval_batch_size=int(cfg.get("eval_batch_size") or cfg.batch_size), group_names=tuple(group_names),
-        feature_names=tuple(feature_names))
+        feature_names=tuple(feature_names), loader=LoaderSettings.from_config(cfg))
 
 
 # ---- UCI Adult -----------------------------------------------------------------------------------------------

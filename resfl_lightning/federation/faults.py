@@ -1,0 +1,117 @@
+"""Client failures: what makes a client's round unusable, and a hook that injects each kind (debug.fail_clients).
+
+A client whose local training raises, whose loss or update is non-finite, or whose report is malformed is left out
+of the round's aggregation (the orchestrator catches `Exception` around the client and warns with a
+`ClientDroppedWarning` naming client and round); the run goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from resfl_lightning.types import ClientReport
+
+FAULTS = ("raise", "nan_loss", "nan_update", "bad_report")
+
+
+class ClientDroppedWarning(UserWarning):
+    """A client was left out of a round's aggregation."""
+
+
+class ClientFault(RuntimeError):
+    """A client's round produced something the server must not aggregate."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by debug.fail_clients=<client>:<round>:raise."""
+
+
+def warn_dropped(client_id: int, round_idx: int, reason: str) -> None:
+    warnings.warn(f"client {client_id}, round {round_idx}: dropped from aggregation: {reason}",
+                  ClientDroppedWarning, stacklevel=2)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def check_update(report, delta: torch.Tensor, score: float, client_id: int, round_idx: int) -> None:
+    """Raise ClientFault (naming client, round and field) unless the report and update can be aggregated.
+
+    NaN is allowed where it means "not measured": ufm_raw (fewer than two groups), ufm_ema (EMA off or not yet
+    set) and fim_eigenvalue (not requested); the aggregation score must be finite whatever the aggregator."""
+    where = f"client {client_id}, round {round_idx}"
+    if not isinstance(report, ClientReport):
+        raise ClientFault(f"{where}: report is a {type(report).__name__}, not a ClientReport")
+    if report.client_id != client_id:
+        raise ClientFault(f"{where}: report names client {report.client_id}")
+    if isinstance(report.num_samples, bool) or not isinstance(report.num_samples, numbers.Integral) \
+            or report.num_samples <= 0:
+        raise ClientFault(f"{where}: report field num_samples={report.num_samples!r} is not a positive count")
+    for key in ("u", "val_utility", "val_utility50", "eval_loss"):
+        if not _finite(getattr(report, key)):
+            raise ClientFault(f"{where}: report field {key}={getattr(report, key)!r} is not a finite number")
+    bad = [k for k, v in report.train_losses.items() if not _finite(v)]
+    if bad:
+        raise ClientFault(f"{where}: non-finite training loss {bad[0]}={report.train_losses[bad[0]]!r}")
+    if not _finite(score):
+        raise ClientFault(f"{where}: aggregation score {score!r} is not finite")
+    if not torch.isfinite(delta).all():
+        raise ClientFault(f"{where}: update has {int((~torch.isfinite(delta)).sum())} non-finite values")
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """debug.fail_clients entries "<client>:<round>:<fault>" (round "*" = every round); faults in FAULTS."""
+
+    entries: dict[tuple[int, int | None], str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, specs) -> FaultPlan:
+        entries: dict[tuple[int, int | None], str] = {}
+        for spec in specs or ():
+            parts = str(spec).split(":")
+            ok = len(parts) == 3 and parts[0].strip().isdigit() and (parts[1].strip() == "*"
+                                                                     or parts[1].strip().isdigit())
+            if not ok or parts[2].strip() not in FAULTS:
+                raise ValueError(f"debug.fail_clients: entry {spec!r} is not '<client>:<round or *>:<fault>' "
+                                 f"with fault one of {', '.join(FAULTS)}")
+            rnd = None if parts[1].strip() == "*" else int(parts[1])
+            entries[(int(parts[0]), rnd)] = parts[2].strip()
+        return cls(entries)
+
+    def fault(self, client_id: int, round_idx: int) -> str | None:
+        return self.entries.get((client_id, round_idx), self.entries.get((client_id, None)))
+
+    def before_training(self, client_id: int, round_idx: int) -> None:
+        if self.fault(client_id, round_idx) == "raise":
+            raise InjectedFault(f"client {client_id}, round {round_idx}: injected failure (debug.fail_clients)")
+
+    @contextmanager
+    def during_training(self, client, client_id: int, round_idx: int):
+        """nan_loss: every training step's loss is multiplied by NaN (the local loop must catch it)."""
+        if self.fault(client_id, round_idx) != "nan_loss":
+            yield
+            return
+        step = client.training_step
+        client.training_step = lambda *a, **k: step(*a, **k) * float("nan")
+        try:
+            yield
+        finally:
+            del client.training_step  # back to the class's method
+
+    def after_training(self, client_id: int, round_idx: int, report: ClientReport,
+                       delta: torch.Tensor) -> tuple[ClientReport, torch.Tensor]:
+        fault = self.fault(client_id, round_idx)
+        if fault == "nan_update":
+            delta = delta.clone()
+            delta[0] = float("nan")
+        elif fault == "bad_report":
+            report = replace(report, u=float("nan"))
+        return report, delta
