@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-SUMMARY_PREFIXES = ("test/", "attack/", "score/", "weather/")
+SUMMARY_PREFIXES = ("test/", "attack/", "score/", "weather/", "dp/")
 
 
 def _jsonable(v):

@@ -20,8 +20,14 @@ class ClientReport:
     val_utility50: float  # val mAP@50 (detection) or accuracy again (classification)
     eval_loss: float
     fim_eigenvalue: float = math.nan
+    ufm_se: float = math.nan  # bootstrap standard error of ufm_raw on the validation split
+    val_delta_eop: float = math.nan  # validation ΔEOP of the reported model (the UFM mechanism check uses it)
     train_losses: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    dp_epsilon: float = math.nan  # DP-SGD: epsilon this client has spent so far over the run (NaN without DP)
+    # PrivFairFL-Post: aggregate validation counts/sums (per group, per threshold) for server-side calibration;
+    # never per-sample values or individual group labels (baselines/privfairfl.py)
+    calibration: dict[str, float] = field(default_factory=dict)
 
     def as_log_dict(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if isinstance(v, (int, float, bool))}

@@ -76,7 +76,7 @@ class SharpnessAware(Aggregator):
         return 1.0 / (report.eval_loss * max(report.fim_eigenvalue, 0.0) + self.eps)
 
 
-def build_aggregator(name: str, beta: float = 2.0, eps: float = 0.005) -> Aggregator:
+def build_aggregator(name: str, beta: float = 2.0, eps: float = 0.005, fairfed_beta: float = 1.0) -> Aggregator:
     table = {"fedavg": FedAvg, "uniform": Uniform}
     if name in table:
         return table[name]()
@@ -84,7 +84,11 @@ def build_aggregator(name: str, beta: float = 2.0, eps: float = 0.005) -> Aggreg
         return UfmSoftmax(beta=beta)
     if name == "curvfed":
         return SharpnessAware(eps=eps)
-    raise ValueError(f"algorithm.aggregation={name!r} is not one of fedavg, uniform, resfl, curvfed")
+    if name == "fairfed":
+        from resfl_lightning.federation.fairfed import FairFed
+
+        return FairFed(beta=fairfed_beta)
+    raise ValueError(f"algorithm.aggregation={name!r} is not one of fedavg, uniform, resfl, curvfed, fairfed")
 
 
 class StreamingWeightedSum:
@@ -98,6 +102,8 @@ class StreamingWeightedSum:
     def add(self, score: float, delta: torch.Tensor) -> None:
         if not torch.isfinite(delta).all():
             raise FloatingPointError("non-finite values in a client update")
+        if score == -math.inf:  # weight exactly 0 (e.g. FairFed drove it to zero)
+            return
         if score > self.max_score:
             shrink = math.exp(self.max_score - score) if math.isfinite(self.max_score) else 0.0
             self.acc.mul_(shrink)

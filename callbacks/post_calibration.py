@@ -1,0 +1,39 @@
+"""PrivFairFL-Post: fit the server-side calibration from the round's reports and re-score the test split with it."""
+
+from __future__ import annotations
+
+from resfl_lightning.baselines.privfairfl import (
+    PostCalibrationSettings,
+    calibrated_classification_metrics,
+    calibrated_detection_metrics,
+    fit_post_calibration,
+)
+
+
+class PostCalibration:
+    """Runs after GlobalEvaluation: the calibration is fitted from ClientReport.calibration alone; on evaluation
+    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/)."""
+
+    def __init__(self, settings: PostCalibrationSettings, evaluation):
+        self.settings, self.evaluation = settings, evaluation
+
+    def on_round_end(self, federation, round_idx: int, reports, model, metrics: dict) -> None:
+        if not federation.fabric.is_global_zero:
+            return
+        detection = hasattr(model, "criterion")
+        tau = model.ufm.score_threshold if detection else 0.5  # tabular: argmax of two outcomes = p1 >= 0.5
+        cal = fit_post_calibration(reports, self.settings, model.num_groups, tau)
+        metrics.update(cal.as_metrics())
+        evaluation = self.evaluation.evaluation_pass(round_idx)
+        if evaluation is None:
+            return
+        if detection:
+            preds, gts = evaluation.outputs[0], evaluation.outputs[1]
+            calibrated = calibrated_detection_metrics(preds, gts, cal, model.num_groups, model.ufm.iou_threshold)
+        else:
+            calibrated = calibrated_classification_metrics(evaluation.outputs, cal)
+        for k, v in calibrated.items():
+            key = f"test/{k}"
+            if key in metrics:
+                metrics[f"test/uncalibrated/{k}"] = metrics[key]
+            metrics[key] = v

@@ -1,0 +1,1 @@
+"""Differential privacy for client training (opacus)."""

@@ -1,0 +1,244 @@
+"""Per-example DP-SGD for one client (SPEC §5 FedAvg-DP; PUFFLE and PFU-FL reuse it), built on opacus.
+
+opacus supplies every privacy-critical piece: per-sample gradients (GradSampleModule hooks), per-sample clipping and
+Gaussian noise (DPOptimizer), Poisson sampling (UniformWithReplacementSampler) and the accountant (PRV by default).
+This module only wires them into the simulator: the rank's ONE live client module is replayed for many clients, so
+the accountant's history is client-local state (exported / imported with the client's other state) and the noise
+multiplier is derived per client from its own sample rate and the run's planned number of steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from opacus import GradSampleModule
+from opacus.accountants import create_accountant
+from opacus.accountants.utils import get_noise_multiplier
+from opacus.optimizers import DPOptimizer
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from opacus.validators import ModuleValidator
+from torch import nn
+
+ACCOUNTANTS = ("prv", "rdp", "gdp")
+# opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
+HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """`algorithm.dp`: per-example clipping at max_grad_norm, noise from a run-level (epsilon, delta) target.
+
+    Exactly one of target_epsilon (noise multiplier from the accountant) and noise_multiplier (fixed sigma; 0 means
+    clipping only, as PFU-FL) is set. rounds / local_epochs are the run's plan, over which a client's budget is spent.
+    """
+
+    max_grad_norm: float = 1.0
+    target_epsilon: float | None = 1.0
+    target_delta: float = 1e-6
+    noise_multiplier: float | None = None
+    accountant: str = "prv"
+    rounds: int = 1
+    local_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"algorithm.dp.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if (self.target_epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("algorithm.dp: set exactly one of target_epsilon and noise_multiplier "
+                             f"(got {self.target_epsilon} and {self.noise_multiplier})")
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise ValueError(f"algorithm.dp.target_epsilon must be > 0, got {self.target_epsilon}")
+        if self.noise_multiplier is not None and self.noise_multiplier < 0:
+            raise ValueError(f"algorithm.dp.noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if not 0 < self.target_delta < 1:
+            raise ValueError(f"algorithm.dp.target_delta must be in (0, 1), got {self.target_delta}")
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(f"algorithm.dp.accountant must be one of {', '.join(ACCOUNTANTS)}, got "
+                             f"{self.accountant!r}")
+        if self.rounds < 1 or self.local_epochs < 1:
+            raise ValueError(f"algorithm.dp: rounds and local_epochs must be >= 1, got {self.rounds}, "
+                             f"{self.local_epochs}")
+
+
+def sample_rate(num_samples: int, batch_size: int) -> float:
+    """Poisson sampling probability q = B / n (a client smaller than one batch samples every row: q = 1)."""
+    if num_samples < 1 or batch_size < 1:
+        raise ValueError(f"DP sampling needs num_samples >= 1 and batch_size >= 1, got {num_samples}, {batch_size}")
+    return min(1.0, batch_size / num_samples)
+
+
+def steps_per_epoch(q: float) -> int:
+    """Batches per epoch, as opacus' UniformWithReplacementSampler counts them (int(1 / q))."""
+    return int(1 / q)
+
+
+def planned_steps(settings: DPSettings, q: float) -> int:
+    """All of a client's DP-SGD steps over the run: rounds x local epochs x steps per epoch."""
+    return settings.rounds * settings.local_epochs * steps_per_epoch(q)
+
+
+@lru_cache(maxsize=256)
+def _sigma_for(target_epsilon: float, target_delta: float, q: float, steps: int, accountant: str) -> float:
+    return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta, sample_rate=q,
+                                      steps=steps, accountant=accountant))
+
+
+def noise_multiplier_for(settings: DPSettings, q: float) -> float:
+    """sigma reaching the run-level (target_epsilon, target_delta) after every planned step (opacus' search)."""
+    if settings.noise_multiplier is not None:
+        return float(settings.noise_multiplier)
+    return _sigma_for(settings.target_epsilon, settings.target_delta, q, planned_steps(settings, q),
+                      settings.accountant)
+
+
+def prepare_model(model: nn.Module) -> nn.Module:
+    """BatchNorm -> GroupNorm (opacus' ModuleValidator.fix) and no in-place activations (they break the hooks).
+
+    Called when the client is built, before any gradient exists, so every client and the global model share the
+    same GroupNorm layout. Raises if opacus' validator still finds a problem."""
+    quiet = logging.getLogger("opacus.validators")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # fix() logs one line per replaced BatchNorm
+    try:
+        fixed = ModuleValidator.fix(model)
+    finally:
+        quiet.setLevel(level)
+    # opacus' GroupNorm(min(32, C), C) on a (B, C) vector leaves C / 32 features per group: one feature per group
+    # (C <= 32) would normalise each to its bias and erase the input. After a BatchNorm1d, normalise the whole
+    # feature vector instead (GroupNorm(1, C), layer-norm-like; our reading).
+    for name, module in model.named_modules():
+        if isinstance(module, nn.BatchNorm1d):
+            parent, _, child = name.rpartition(".")
+            owner = fixed.get_submodule(parent) if parent else fixed
+            setattr(owner, child, nn.GroupNorm(1, module.num_features, eps=module.eps, affine=module.affine))
+    for module in fixed.modules():
+        if getattr(module, "inplace", False):
+            module.inplace = False
+    errors = ModuleValidator.validate(fixed, strict=False)
+    if errors:
+        raise ValueError(f"algorithm.dp: the model is not DP-compatible after opacus' fix: {errors}")
+    return fixed
+
+
+class EmptyBatch:
+    """A Poisson draw that picked no sample: DP-SGD still takes its (noise-only) step."""
+
+    def __repr__(self) -> str:
+        return "EmptyBatch()"
+
+
+class PoissonBatches:
+    """Batches of a training loader's dataset drawn by opacus' UniformWithReplacementSampler (Poisson sampling)."""
+
+    def __init__(self, dataset, collate_fn, q: float, seed: int):
+        self.dataset, self.collate_fn = dataset, collate_fn
+        gen = torch.Generator().manual_seed(seed)
+        self.sampler = UniformWithReplacementSampler(num_samples=len(dataset), sample_rate=q, generator=gen,
+                                                     steps=steps_per_epoch(q))
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        for indices in self.sampler:
+            if len(indices) == 0:
+                yield EmptyBatch()
+            elif hasattr(self.dataset, "__getitems__"):
+                yield self.collate_fn(self.dataset.__getitems__(list(indices)))
+            else:
+                yield self.collate_fn([self.dataset[i] for i in indices])
+
+
+class ClientDP:
+    """DP-SGD machinery attached to one live client module; the accountant is swapped in per client.
+
+    The GradSampleModule is kept off the module tree (a plain attribute of this object), so the client's
+    state-dict keys and flat layout do not change; its hooks live on the model's submodules and run only while the
+    client is in train mode (`set_training`)."""
+
+    def __init__(self, settings: DPSettings, model: nn.Module):
+        self.settings = settings
+        self.model = model
+        self.grad_sample = GradSampleModule(model, loss_reduction="mean")  # strict: fails on BatchNorm
+        self.accountant = create_accountant(settings.accountant)
+        self.optimizer: DPOptimizer | None = None
+        self.q: float | None = None
+        self.sigma: float | None = None
+
+    # --- client-local state ------------------------------------------------------------------------
+    def export_state(self) -> dict[str, torch.Tensor]:
+        rows = [list(map(float, row)) for row in self.accountant.history]
+        return {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)}
+
+    def import_state(self, state: dict[str, torch.Tensor] | None) -> None:
+        """A client's own accountant history (None: a client that has not trained yet)."""
+        self.accountant = create_accountant(self.settings.accountant)
+        if state is not None and HISTORY_KEY in state:
+            self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state[HISTORY_KEY].tolist()]
+
+    def epsilon(self) -> float:
+        """Spent epsilon at target_delta: 0 before any step, inf when steps ran without noise."""
+        history = self.accountant.history
+        if not history:
+            return 0.0
+        if any(s == 0 for s, _, _ in history):
+            return math.inf
+        return float(self.accountant.get_epsilon(delta=self.settings.target_delta))
+
+    # --- the local loop's hooks ------------------------------------------------------------------------
+    def set_training(self, mode: bool) -> None:
+        if mode:
+            self.grad_sample.enable_hooks()
+        else:
+            self.grad_sample.disable_hooks()
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> DPOptimizer:
+        """The client's SGD behind opacus' DPOptimizer; sigma and the expected batch are set per loader."""
+        for p in self.model.parameters():
+            p.grad_sample = None
+        self.optimizer = DPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
+                                     expected_batch_size=1, loss_reduction="mean")
+        self.optimizer.attach_step_hook(self._account)
+        return self.optimizer
+
+    def loader(self, base) -> PoissonBatches:
+        """Poisson batches over `base`'s dataset (a client's training DataLoader), seeded from `base`'s seed."""
+        if self.optimizer is None:
+            raise RuntimeError("ClientDP.loader: wrap_optimizer must run first (the loop builds the optimizer)")
+        n = len(base.dataset)
+        self.q = sample_rate(n, int(base.batch_size))
+        self.sigma = noise_multiplier_for(self.settings, self.q)
+        self.optimizer.noise_multiplier = self.sigma
+        self.optimizer.expected_batch_size = max(1, round(self.q * n))
+        for module in self.model.modules():  # drop activations of a pass that never reached backward
+            if hasattr(module, "activations"):
+                module.activations = []
+        for p in self.model.parameters():
+            if hasattr(p, "_forward_counter"):
+                p._forward_counter = 0
+        gen = getattr(base, "generator", None)
+        seed = gen.initial_seed() if gen is not None else int(torch.randint(2**62, (1,)))
+        return PoissonBatches(base.dataset, base.collate_fn, self.q, seed=seed + 1)
+
+    def is_empty(self, batch) -> bool:
+        return isinstance(batch, EmptyBatch)
+
+    def noise_only_step(self, optimizer) -> torch.Tensor:
+        """An empty Poisson batch: zero per-sample gradients, so the step is Gaussian noise alone (and is counted).
+
+        Returns NaN as the step's gradient norm, a tensor like the loop's other norms."""
+        params = self.optimizer.params
+        for p in params:
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return torch.tensor(math.nan, device=params[0].device if params else "cpu")
+
+    def _account(self, optimizer: DPOptimizer) -> None:
+        self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.q)

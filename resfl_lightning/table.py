@@ -1,0 +1,220 @@
+"""`make table`: every method x seed on one dataset and scenario, then the comparison table with intervals.
+
+    python -m resfl_lightning.table --dataset adult [--methods fedavg,resfl] [--seeds 5] [--scenario iid]
+                                    [--robustness] [--out DIR] [HYDRA_OVERRIDES ...]
+
+Runs are resumable: a run whose summary.json exists is skipped. Every method gets the same dataset, scenario, model,
+schedule, horizon and overrides; only its `algorithm=` preset (and, for the label-free RESFL rows, the UFM cohort
+mode) differs. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png (and a W&B Table with --wandb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from resfl_lightning.compare import compare_runs, load_run, run_privacy_score
+from resfl_lightning.metrics.intervals import Interval, bootstrap_interval, paired_difference
+from resfl_lightning.resources import conf_dir
+
+BASELINE = "fedavg"
+# Method rows, fixed before any result was looked at: name -> overrides on top of the common ones.
+METHODS: dict[str, list[str]] = {
+    "fedavg": ["algorithm=fedavg"],
+    "resfl": ["algorithm=resfl"],
+    "resfl_af_cluster": ["algorithm=resfl", "ufm.cohorts=cluster"],
+    "resfl_af_slices": ["algorithm=resfl", "ufm.cohorts=slices"],
+    "fairfed": ["algorithm=fairfed"],
+    "fedavg_dp": ["algorithm=fedavg_dp"],
+    "puffle": ["algorithm=puffle"],
+    "pfu_fl": ["algorithm=pfu_fl"],
+    "privfairfl_pre": ["algorithm=privfairfl_pre"],
+    "privfairfl_post": ["algorithm=privfairfl_post"],
+    "curvfed": ["algorithm=curvfed"],
+    "fedsam": ["algorithm=fedsam"],
+    "fedswa": ["algorithm=fedswa"],
+}
+# Columns: (header, summary key or derived name, lower is better?)
+COLUMNS = [
+    ("utility", "utility", False),
+    ("mAP@50", "test/map_50", False),
+    ("|1-DI|", "test/abs_one_minus_di", True),
+    ("ΔEOP", "test/delta_eop", True),
+    ("EOD", "test/eod", True),
+    ("Fairness Score", "score/fairness", True),
+    ("MIA bal. acc.", "attack/mia_success_rate", True),
+    ("MIA AUC", "attack/mia_auc", True),
+    ("AIA bal. acc.", "attack/aia_balanced_accuracy", True),
+    ("Privacy Score", "privacy_score", True),
+    ("BA AD", "ba_ad", True),
+    ("DPA EODD", "dpa_eodd", True),
+    ("FATE vs FedAvg", "fate", False),
+    ("wall s", "wall_s", True),
+]
+
+
+def available_methods() -> list[str]:
+    """Methods whose algorithm preset exists in conf/algorithm/."""
+    algo_dir = conf_dir() / "algorithm"
+    return [m for m, ov in METHODS.items()
+            if all((algo_dir / f"{o.split('=', 1)[1]}.yaml").is_file() for o in ov if o.startswith("algorithm="))]
+
+
+def run_dir_for(out: Path, method: str, seed: int, attack: str = "privacy") -> Path:
+    return out / (f"{method}-s{seed}" if attack == "privacy" else f"{method}-s{seed}-{attack}")
+
+
+def train_command(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
+                  overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "resfl_lightning.train", f"dataset={dataset}", f"scenario={scenario}",
+            *METHODS[method], f"seed={seed}", f"attack={attack}", f"run_dir={run_dir}", "logger=none",
+            "progress=false", *overrides]
+
+
+def run_one(cmd: list[str], run_dir: Path) -> float:
+    """Train one run unless it already finished; returns its wall time (stored beside the run)."""
+    timing = run_dir / "table_wall_s.json"
+    if (run_dir / "summary.json").is_file() and timing.is_file():
+        return float(json.loads(timing.read_text())["wall_s"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with (run_dir / "table_train.log").open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {run_dir} failed ({proc.returncode}); see {run_dir / 'table_train.log'}")
+    timing.write_text(json.dumps({"wall_s": wall, "command": cmd}))
+    return wall
+
+
+def seed_metrics(out: Path, method: str, seed: int, robustness: bool) -> dict[str, float | None]:
+    """Every table column for one finished (method, seed), the paired-with-FedAvg ones included."""
+    run = load_run(run_dir_for(out, method, seed))
+    s = run["summary"]
+
+    def num(key):
+        v = s.get(key)
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+
+    row = {key: num(key) for _, key, _ in COLUMNS if "/" in key}
+    row["utility"] = num("test/map") if num("test/map") is not None else num("test/accuracy")
+    row["privacy_score"] = run_privacy_score(run)
+    row["wall_s"] = float(json.loads((run_dir_for(out, method, seed) / "table_wall_s.json").read_text())["wall_s"])
+    base = load_run(run_dir_for(out, BASELINE, seed))
+    row["fate"] = compare_runs(base, run, fate_baseline=True)["metrics"]["fate"]["value"]
+    if robustness:
+        for attack, key in (("byzantine", "ba_ad"), ("poisoning", "dpa_eodd")):
+            other = load_run(run_dir_for(out, method, seed, attack))
+            row[key] = compare_runs(run, other)["metrics"][key]["value"]
+    else:
+        row["ba_ad"] = row["dpa_eodd"] = None
+    return row
+
+
+def summarise(per_seed: dict[str, dict[int, dict]]) -> dict[str, dict[str, tuple[Interval, Interval | None]]]:
+    """method -> column -> (interval over seeds, interval of the paired difference to FedAvg or None)."""
+    out = {}
+    base = per_seed.get(BASELINE, {})
+    for method, seeds in per_seed.items():
+        cols = {}
+        for _, key, _ in COLUMNS:
+            values = {s: r[key] for s, r in seeds.items() if r.get(key) is not None}
+            diff = None
+            if method != BASELINE and key not in ("fate", "wall_s"):
+                diff = paired_difference(values, {s: r[key] for s, r in base.items() if r.get(key) is not None})
+            cols[key] = (bootstrap_interval(values.values()), diff)
+        out[method] = cols
+    return out
+
+
+def write_outputs(out: Path, summary: dict, header: str) -> None:
+    lines = [header, "",
+             "mean ± std [95% bootstrap interval over seeds]; **bold**: the difference to FedAvg, paired by seed, "
+             "has a 95% interval that excludes 0 (↓ lower is better, ↑ higher is better).", "",
+             "| method | " + " | ".join(f"{h} {'↓' if low else '↑'}" for h, _, low in COLUMNS) + " |",
+             "| --- |" + " ---: |" * len(COLUMNS)]
+    rows = []
+    for method, cols in summary.items():
+        cells = []
+        for _, key, _ in COLUMNS:
+            iv, diff = cols[key]
+            text = iv.fmt(1 if key == "wall_s" else 3)
+            cells.append(f"**{text}**" if diff is not None and diff.excludes_zero else text)
+            rows.append({"method": method, "metric": key, "mean": iv.mean, "std": iv.std, "ci_low": iv.low,
+                         "ci_high": iv.high, "n_seeds": iv.n,
+                         "diff_vs_fedavg": None if diff is None else diff.mean,
+                         "diff_ci_low": None if diff is None else diff.low,
+                         "diff_ci_high": None if diff is None else diff.high,
+                         "diff_excludes_zero": None if diff is None else diff.excludes_zero})
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    with (out / "table.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    from resfl_lightning.evaluation.pareto import plot_pareto
+
+    plot_pareto(summary, out / "pareto.png", title=header.lstrip("# "))
+
+
+def log_wandb_table(out: Path, project: str) -> None:
+    import wandb
+
+    with (out / "table.csv").open() as fh:
+        data = list(csv.reader(fh))
+    run = wandb.init(project=project, name=out.name, dir=str(out), mode="offline", reinit=True)
+    run.log({"comparison": wandb.Table(columns=data[0], data=data[1:])})
+    run.finish()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m resfl_lightning.table", description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--scenario", default="iid")
+    p.add_argument("--methods", default=None, help=f"comma-separated subset of {', '.join(METHODS)} (default: all "
+                   "whose algorithm preset exists)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
+    p.add_argument("--out", type=Path, default=None, help="default runs/table-<dataset>-<scenario>")
+    p.add_argument("--wandb", action="store_true", help="also log the table as a W&B Table (offline)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    methods = available_methods() if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    if BASELINE not in methods:
+        methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
+    out = args.out or Path("runs") / f"table-{args.dataset}-{args.scenario}"
+    out.mkdir(parents=True, exist_ok=True)
+    attacks = ["privacy", *(["byzantine", "poisoning"] if args.robustness else [])]
+    t0 = time.perf_counter()
+    jobs = [(m, s, a) for s in range(args.seeds) for m in methods for a in attacks]
+    for i, (m, s, a) in enumerate(jobs, 1):
+        rd = run_dir_for(out, m, s, a)
+        wall = run_one(train_command(args.dataset, args.scenario, m, s, rd, a, list(args.overrides)), rd)
+        print(f"[{i}/{len(jobs)}] {rd.name}: {wall:.0f} s", flush=True)
+    per_seed = {m: {s: seed_metrics(out, m, s, args.robustness) for s in range(args.seeds)} for m in methods}
+    total = time.perf_counter() - t0
+    header = (f"# {args.dataset}, scenario {args.scenario}: {len(methods)} methods x {args.seeds} seeds "
+              f"({len(jobs)} runs; this invocation took {total:.0f} s)")
+    write_outputs(out, summarise(per_seed), header)
+    if args.wandb:
+        log_wandb_table(out, project="resfl-lightning")
+    print((out / "table.md").read_text())
+    print(f"table written to {out} in {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""`make table`: intervals over seeds (scipy's bootstrap, pairing by seed) and the runner end to end on Adult."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resfl_lightning.metrics.intervals import bootstrap_interval, paired_difference
+
+
+def test_interval_mean_std_and_bounds():
+    x = [0.81, 0.84, 0.79, 0.86, 0.83]
+    iv = bootstrap_interval(x)
+    assert iv.mean == pytest.approx(np.mean(x)) and iv.std == pytest.approx(np.std(x, ddof=1))
+    assert min(x) <= iv.low <= iv.mean <= iv.high <= max(x)
+    assert iv.n == 5 and iv.excludes_zero  # all values far above 0
+
+
+def test_constant_and_single_values():
+    iv = bootstrap_interval([0.5, 0.5, 0.5])
+    assert (iv.low, iv.high, iv.std) == (0.5, 0.5, 0.0)
+    one = bootstrap_interval([0.7])
+    assert one.mean == 0.7 and math.isnan(one.low) and not one.excludes_zero
+    assert bootstrap_interval([None, float("nan")]).n == 0
+
+
+def test_pairing_by_seed_detects_a_consistent_small_gain_that_unpaired_means_hide():
+    base = {0: 0.60, 1: 0.75, 2: 0.90, 3: 0.70, 4: 0.82}
+    method = {s: v + 0.01 + 0.002 * (s % 2) for s, v in base.items()}
+    paired = paired_difference(method, base)
+    assert paired.excludes_zero and paired.low > 0
+    # the same numbers unpaired: the seed-to-seed spread swamps the 0.01 gain
+    unpaired_low = bootstrap_interval(list(method.values())).low - bootstrap_interval(list(base.values())).high
+    assert unpaired_low < 0
+    assert paired_difference({0: 1.0, 9: 2.0}, {0: 0.5}).n == 1  # only seeds both have
+
+
+@pytest.mark.slow
+def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_path: Path):
+    from resfl_lightning.table import main
+
+    out = tmp_path / "table"
+    args = ["--dataset", "adult", "--methods", "resfl", "--seeds", "2", "--out", str(out),
+            f"dataset.root={adult_dir}", "federation.rounds=2"]
+    assert main(args) == 0
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    by = {(r["method"], r["metric"]): r for r in rows}
+    assert {r["method"] for r in rows} == {"fedavg", "resfl"}
+    assert by[("fedavg", "utility")]["n_seeds"] == "2"
+    assert 0.5 < float(by[("resfl", "utility")]["mean"]) <= 1.0
+    assert by[("resfl", "privacy_score")]["mean"] not in ("", "nan")
+    assert by[("fedavg", "utility")]["diff_vs_fedavg"] == ""  # no difference of the baseline to itself
+    assert (out / "pareto.png").stat().st_size > 10_000 and "| resfl |" in (out / "table.md").read_text()
+    before = (out / "resfl-s1" / "table_wall_s.json").read_text()
+    assert main(args) == 0  # resumable: finished runs are not trained again
+    assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
