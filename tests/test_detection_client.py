@@ -43,7 +43,9 @@ def test_training_step_composes_the_four_losses():
     client.begin_client(0, round_idx=4)
     loss = client.training_step(tiny_batch(), 0)
     parts = client.mean_losses()
-    expected = parts["task"] + 0.3 * parts["adv"] + 0.2 * parts["unc"] + 0.5 * parts["curv"]
+    # The adversary's CE enters unscaled: phi descends it, and the GRL (scale lambda_priv) reverses it into theta.
+    assert client.adversary.grl_scale == pytest.approx(0.3)
+    expected = parts["task"] + parts["adv"] + 0.2 * parts["unc"] + 0.5 * parts["curv"]
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
     assert parts["task"] == pytest.approx(7.5 * parts["box"] + 0.5 * parts["cls"] + 1.5 * parts["dfl"]
                                           + parts["nig"], rel=1e-5)

@@ -30,10 +30,46 @@ def final_theta(run_dir: Path) -> torch.Tensor:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["theta"]
 
 
+def final_states(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The global model, the SWA model and every client's own state (phi, power-iteration vector, UFM EMA)."""
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    out = {"theta": ckpt["theta"], **{f"extra/{k}": v for k, v in ckpt.get("extra", {}).items()}}
+    if ckpt.get("swa") is not None:
+        out["swa"] = ckpt["swa"]
+    for path in sorted((run_dir / "checkpoints" / "clients").glob("client_*.pt")):
+        latest = max(torch.load(path, weights_only=True)["versions"], key=lambda v: v["round"])
+        out.update({f"{path.stem}/{k}": v for k, v in latest["state"].items()})
+    return out
+
+
+def assert_same_states(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: bool) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]) or (a[k].isnan().all() and b[k].isnan().all()), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, equal_nan=True, msg=k)
+
+
+# Every algorithm with client-local state: RESFL (phi, UFM EMA), CurvFed (power-iteration vector, SAM, best epoch,
+# SWA) and RESFL with the curvature term on.
+ALGORITHMS = {
+    "resfl": [],
+    "curvfed": ["algorithm=curvfed", "algorithm.swa_start=0", "algorithm.swa_every=1", "federation.local_epochs=2"],
+    "resfl_curv": ["algorithm.lambda_curv=0.1"],
+    "fairfed": ["algorithm=fairfed"],  # server weights carried across rounds in the checkpoint
+}
+
+
+@pytest.fixture(scope="module", params=list(ALGORITHMS))
+def algorithm(request) -> list[str]:
+    return ALGORITHMS[request.param]
+
+
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> Path:
+def baseline(tmp_path_factory, algorithm) -> Path:
     run_dir = tmp_path_factory.mktemp("e2e") / "baseline"
-    train(run_dir)
+    train(run_dir, *algorithm)
     return run_dir
 
 
@@ -54,18 +90,18 @@ def test_run_writes_metrics_checkpoints_and_summary(baseline: Path):
 
 
 @pytest.mark.slow
-def test_two_processes_match_one(baseline: Path, tmp_path: Path):
-    train(tmp_path / "two", "fabric.devices=2")
-    torch.testing.assert_close(final_theta(tmp_path / "two"), final_theta(baseline), rtol=1e-4, atol=1e-5)
+def test_two_processes_match_one(baseline: Path, algorithm: list[str], tmp_path: Path):
+    train(tmp_path / "two", "fabric.devices=2", *algorithm)
+    assert_same_states(final_states(tmp_path / "two"), final_states(baseline), exact=False)
 
 
 @pytest.mark.slow
-def test_interrupt_and_resume_equals_uninterrupted(baseline: Path, tmp_path: Path):
+def test_interrupt_and_resume_equals_uninterrupted(baseline: Path, algorithm: list[str], tmp_path: Path):
     run_dir = tmp_path / "crashy"
-    crashed = train(run_dir, "debug.crash_after_round=0", check=False)
+    crashed = train(run_dir, "debug.crash_after_round=0", *algorithm, check=False)
     assert crashed.returncode != 0 and "simulated crash after round 0" in crashed.stderr
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["round_idx"] == 0
-    train(run_dir, "resume=true")
-    assert torch.equal(final_theta(run_dir), final_theta(baseline))
+    train(run_dir, "resume=true", *algorithm)
+    assert_same_states(final_states(run_dir), final_states(baseline), exact=True)
     rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [0, 1]

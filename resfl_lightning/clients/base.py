@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 
+from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
-from resfl_lightning.metrics.ufm import reported_ufm
+from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
 
 
 @dataclass
@@ -25,14 +26,40 @@ class LossWeights:
     curv_iters: int = 3  # power iterations per step (warm-started)
     curv_params: str = "head"  # "head" or "all"
 
+    lambda_task: float = 1.0  # CurvFed writes its loss as (1 - a) L_task + a L_curv: lambda_task = 1 - a
+    w_fair: float = 0.0  # PUFFLE / PFU-FL / PrivFairFL-Pre: weight of L_fair (losses/fairness.py)
+
     def __post_init__(self) -> None:
-        for key in ("lambda_priv", "lambda_fair", "lambda_curv", "grl_scale"):
+        for key in ("lambda_priv", "lambda_fair", "lambda_curv", "grl_scale", "lambda_task", "w_fair"):
             if getattr(self, key) < 0:
                 raise ValueError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
         if self.anneal_rounds < 1:
             raise ValueError(f"algorithm.anneal_rounds must be >= 1, got {self.anneal_rounds}")
         if self.curv_params not in ("head", "all"):
             raise ValueError(f"algorithm.curv_params must be 'head' or 'all', got {self.curv_params!r}")
+
+
+@dataclass
+class AdversarySettings:
+    """phi's own optimiser (RESFL Algorithm 1, line 8): lambda_priv scales only the reversed gradient into theta."""
+
+    lr: float = 1e-3
+    optimizer: str = "adam"  # adam | sgd
+    steps: int = 1  # adversary updates per encoder step (extra ones reuse the step's detached features)
+    hidden: int = 128
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"algorithm.adversary_lr must be > 0, got {self.lr}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"algorithm.adversary_optimizer must be adam or sgd, got {self.optimizer!r}")
+        if self.steps < 1:
+            raise ValueError(f"algorithm.adversary_steps must be >= 1, got {self.steps}")
+
+    def build(self, params) -> torch.optim.Optimizer:
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.lr)
+        return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
 
 
 @dataclass
@@ -45,8 +72,13 @@ class UfmSettings:
     evidence_floor: float = 1e-3
     clip_low: float = 0.0
     clip_high: float = 5.0
-    gate: float = 0.30
-    ema_decay: float | None = None
+    gate: float | None = 0.30  # None disables the gate
+    gate_mode: str = "absolute"  # absolute: `gate`; relative: median - gate_mad_k * MAD of the clients' utilities
+    gate_mad_k: float = 3.0
+    ema_decay: float | None = 0.9  # RESFL appendix B smooths UFM across rounds; None turns it off
+    min_group_persons: int = 1  # groups with fewer persons on a client's val split are left out of its UFM
+    insufficient_groups_u: float | None = None  # u reported with < 2 usable groups; None = clip_high
+    bootstrap_resamples: int = 200  # bootstrap SE of each client's UFM (logged beside it); 0 turns it off
     cohorts: str = "groups"  # groups | cluster | slices | proxy
     num_cohorts: int = 3
     drop_fraction: float = 0.0
@@ -66,6 +98,16 @@ class UfmSettings:
             raise ValueError(f"ufm.cohorts must be groups, cluster, slices or proxy, got {self.cohorts!r}")
         if self.num_cohorts < 2:
             raise ValueError(f"ufm.num_cohorts must be >= 2, got {self.num_cohorts}")
+        if self.min_group_persons < 1:
+            raise ValueError(f"ufm.min_group_persons must be >= 1, got {self.min_group_persons}")
+        if self.gate_mode not in ("absolute", "relative"):
+            raise ValueError(f"ufm.gate_mode must be absolute or relative, got {self.gate_mode!r}")
+        if self.gate_mad_k < 0:
+            raise ValueError(f"ufm.gate_mad_k must be >= 0, got {self.gate_mad_k}")
+
+    @property
+    def insufficient_u(self) -> float:
+        return self.clip_high if self.insufficient_groups_u is None else float(self.insufficient_groups_u)
 
 
 @dataclass
@@ -84,24 +126,47 @@ class OptimSettings:
 class EvalResult:
     """What a client's validation pass measured (before it becomes a ClientReport)."""
 
-    ufm_raw: float
+    ufm_raw: float  # NaN when fewer than two groups were usable (see UfmSettings.min_group_persons)
     utility: float
     utility50: float
     eval_loss: float
+    ufm_se: float = math.nan  # bootstrap standard error of ufm_raw over the split's images / samples
+    val_delta_eop: float = math.nan  # the split's ΔEOP (the mechanism check correlates it with UFM)
     extras: dict[str, float] = field(default_factory=dict)
 
 
 class FederatedClient(L.LightningModule):
-    """One live instance per rank; the orchestrator loads theta_G into it for each client it simulates."""
+    """One live instance per rank; the orchestrator loads theta_G and the client's own state into it per client.
 
-    def __init__(self, weights: LossWeights, ufm: UfmSettings, optim: OptimSettings):
+    Parameters under LOCAL_PREFIXES (the adversary phi) are client-local: they are not part of theta, never leave
+    the client, and travel between rounds through `export_local_state` / `import_local_state` (the rank's
+    ClientStateStore), as do the curvature power-iteration vector and the UFM EMA.
+    """
+
+    LOCAL_PREFIXES: tuple[str, ...] = ("adversary.",)
+
+    def __init__(self, weights: LossWeights, ufm: UfmSettings, optim: OptimSettings,
+                 adversary: AdversarySettings | None = None):
         super().__init__()
         self.weights, self.ufm, self.optim = weights, ufm, optim
+        self.adversary_settings = adversary or AdversarySettings()
         self.round_idx = 0
         self.client_id = -1
-        self._loss_sums: dict[str, float] = {}
+        self._loss_sums: dict[str, torch.Tensor] = {}  # on the module's device; read back by mean_losses
         self._loss_count = 0
+        self._ufm_ema = math.nan
+        self.relative_gate: float | None = None  # set by the orchestrator each round when ufm.gate_mode=relative
+        self._adv_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.curvature = FisherCurvature(iters=weights.curv_iters)
+        # Baseline plug-ins (resfl_lightning/baselines/setup.py): DP-SGD, a pre-upload transform, report statistics.
+        self.dp = None
+        self.upload_transform = None
+        self.report_statistics = None
+
+    @property
+    def reversal_scale(self) -> float:
+        """The GRL multiplier: lambda_priv scales the reversed gradient into theta (and nothing else)."""
+        return self.weights.lambda_priv * self.weights.grl_scale
 
     # --- pieces subclasses provide ---------------------------------------------------------
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
@@ -112,6 +177,18 @@ class FederatedClient(L.LightningModule):
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-sample task losses of one batch (the Fisher's samples)."""
+        raise NotImplementedError
+
+    def _ufm_se(self, units) -> float:
+        """Bootstrap SE of this client's UFM (ufm.bootstrap_resamples, 0 = off), seeded by client and round."""
+        n = self.ufm.bootstrap_resamples
+        if units is None or n <= 0:
+            return math.nan
+        return ufm_bootstrap_se(units, resamples=n, seed=self.client_id + 1 + 1000 * max(self.round_idx, 0),
+                                evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
+
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group (true positives, positives) of this model on a loader: the counts FairFed's server sums."""
         raise NotImplementedError
 
     def place(self, batch: dict) -> dict:
@@ -128,23 +205,123 @@ class FederatedClient(L.LightningModule):
         self.train(was_training)
         return float(eig)
 
+    # --- shared and client-local parameters ------------------------------------------------------
+    @classmethod
+    def is_local_key(cls, name: str) -> bool:
+        return name.startswith(cls.LOCAL_PREFIXES)
+
+    def shared_parameters(self) -> list[torch.nn.Parameter]:
+        """theta: what the server aggregates (everything but the client-local modules)."""
+        return [p for n, p in self.named_parameters() if not self.is_local_key(n)]
+
+    def local_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.named_parameters() if self.is_local_key(n)]
+
+    def export_local_state(self) -> dict[str, torch.Tensor]:
+        """Everything this client keeps between its rounds (never sent to the server)."""
+        state = {k: v for k, v in self.state_dict().items() if self.is_local_key(k)}
+        if self.curvature.v is not None:
+            state.update({f"curvature.v.{i}": v for i, v in enumerate(self.curvature.v)})
+        state["ufm.ema"] = torch.tensor(self._ufm_ema, dtype=torch.float64)
+        if self.dp is not None:
+            state.update(self.dp.export_state())  # the accountant's history: resume continues the accounting
+        return state
+
+    @torch.no_grad()
+    def import_local_state(self, state: dict[str, torch.Tensor] | None, seed: int) -> None:
+        """Load a client's own state, or give a client seen for the first time a fresh one drawn from `seed`."""
+        self.curvature.reset()
+        self.curvature.reseed(seed)
+        if self.dp is not None:
+            self.dp.import_state(state)
+        if state is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                for name, module in self.named_modules():
+                    if self.is_local_key(name + ".") and hasattr(module, "reset_parameters"):
+                        module.reset_parameters()
+            self._ufm_ema = math.nan
+            return
+        own = self.state_dict(keep_vars=True)
+        for k, v in state.items():
+            if self.is_local_key(k):
+                own[k].data.copy_(v)
+        vs = [state[k] for k in sorted((k for k in state if k.startswith("curvature.v.")),
+                                       key=lambda k: int(k.rsplit(".", 1)[1]))]
+        self.curvature.v = [v.to(self.device) for v in vs] or None
+        self._ufm_ema = float(state["ufm.ema"])
+
     # --- shared behaviour ------------------------------------------------------------------
     def begin_client(self, client_id: int, round_idx: int) -> None:
         self.client_id, self.round_idx = client_id, round_idx
         self._loss_sums, self._loss_count = {}, 0
+        if self.upload_transform is not None:
+            self.upload_transform.begin(self)
+
+    def before_upload(self, val_loader) -> None:
+        """After local training, before the update is taken (PrivFairFL-Pre perturbs and calibrates here)."""
+        if self.upload_transform is not None:
+            self.upload_transform.apply(self, val_loader)
+
+    def dp_epsilon(self) -> float:
+        """Epsilon this client has spent so far (DP-SGD); NaN without DP."""
+        return self.dp.epsilon() if self.dp is not None else math.nan
+
+    def calibration_statistics(self, val_loader) -> dict[str, float]:
+        """Aggregate validation statistics a server-side calibration needs (PrivFairFL-Post); {} otherwise."""
+        return self.report_statistics(self, val_loader) if self.report_statistics is not None else {}
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if getattr(self, "dp", None) is not None:  # per-sample gradient hooks only while training
+            self.dp.set_training(mode)
+        return self
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.optim.lr, momentum=self.optim.momentum,
-                               weight_decay=self.optim.weight_decay, nesterov=False)
+        """The encoder/detector optimiser over theta only; phi has its own (`local_optimizers`)."""
+        opt = torch.optim.SGD(self.shared_parameters(), lr=self.optim.lr, momentum=self.optim.momentum,
+                              weight_decay=self.optim.weight_decay, nesterov=False)
+        return self.dp.wrap_optimizer(opt) if self.dp is not None else opt
+
+    def local_optimizers(self) -> list[torch.optim.Optimizer]:
+        if self.weights.lambda_priv <= 0:
+            return []
+        return [self.adversary_settings.build(self.local_parameters())]
+
+    def adversary_loss(self, features: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """The adversary's CE through the GRL (scale lambda_priv); remembers its inputs for extra phi steps."""
+        self.adversary.grl_scale = self.reversal_scale
+        self._adv_inputs = (features.detach(), groups.detach())
+        return adversarial_loss(self.adversary, features, groups)
+
+    def extra_adversary_steps(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """adversary_steps - 1 more phi updates on this step's detached features (theta untouched)."""
+        if not optimizers or self._adv_inputs is None or self.adversary_settings.steps <= 1:
+            return
+        features, groups = self._adv_inputs
+        for _ in range(self.adversary_settings.steps - 1):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            adversarial_loss(self.adversary, features, groups).backward()
+            for opt in optimizers:
+                opt.step()
+        self._adv_inputs = None
 
     def compose_loss(self, task: torch.Tensor, adv: torch.Tensor, unc_values: torch.Tensor,
                      unc_groups: torch.Tensor, per_sample: torch.Tensor | None,
-                     parts: dict[str, torch.Tensor]) -> torch.Tensor:
-        """task + lambda_priv adv + lambda_fair L_unc(group-balanced) + lambda_curv L_curv; records every part."""
+                     parts: dict[str, torch.Tensor], fair: torch.Tensor | None = None) -> torch.Tensor:
+        """lambda_task task + L_adv (GRL-scaled) + lambda_fair L_unc(group-balanced) + lambda_curv L_curv
+        (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given).
+
+        L_adv enters unscaled: phi descends its own CE at its own learning rate, while the GRL hands theta
+        -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (SPEC §2)."""
         w = self.weights
         unc = group_balanced_mean(unc_values, unc_groups) if unc_values.numel() else task * 0.0
-        loss = task + w.lambda_priv * adv + w.lambda_fair * unc
+        loss = w.lambda_task * task + adv + w.lambda_fair * unc
         record = {**parts, "task": task.detach(), "adv": adv.detach(), "unc": unc.detach()}
+        if fair is not None:
+            loss = loss + w.w_fair * fair
+            record["fair"] = fair.detach()
         if w.lambda_curv > 0 and per_sample is not None:
             curv, eig = self.curvature(per_sample, self.curvature_parameters())
             loss = loss + w.lambda_curv * curv
@@ -158,20 +335,33 @@ class FederatedClient(L.LightningModule):
         return annealing_coefficient(self.round_idx + 1, self.weights.anneal_rounds)
 
     def _accumulate(self, record: dict[str, torch.Tensor]) -> None:
+        """Running sums on the device: no host synchronisation per step (the per-client means are logged per round
+        from the report, `client/<i>/loss_<k>`)."""
         for k, v in record.items():
-            self._loss_sums[k] = self._loss_sums.get(k, 0.0) + float(v)
+            v = torch.as_tensor(v).detach().to(torch.float64)
+            self._loss_sums[k] = self._loss_sums[k] + v if k in self._loss_sums else v.clone()
         self._loss_count += 1
-        if self._fabric is not None and self._fabric.loggers:
-            self.log_dict({f"step/client_{self.client_id}/{k}": float(v) for k, v in record.items()})
 
     def mean_losses(self) -> dict[str, float]:
+        if not self._loss_sums:
+            return {}
         n = max(self._loss_count, 1)
-        return {k: v / n for k, v in self._loss_sums.items()}
+        keys = list(self._loss_sums)
+        values = torch.stack([self._loss_sums[k].to(self._loss_sums[keys[0]].device) for k in keys]).cpu().tolist()
+        return {k: v / n for k, v in zip(keys, values)}  # one read-back for every key
 
-    def report_u(self, ufm_raw: float, utility: float, ema_prev: float) -> tuple[float, float, bool]:
-        """EMA -> clip -> gate (SPEC §3). Returns (new EMA state, reported u, gated)."""
+    def report_u(self, ufm_raw: float, utility: float) -> tuple[float, float, bool]:
+        """EMA -> clip -> gate (SPEC §3), updating this client's EMA. Returns (EMA state, reported u, gated).
+
+        A NaN raw UFM (fewer than two usable groups) reports `insufficient_u` and leaves the EMA untouched, so a
+        client that lacks the minority is not rewarded for it."""
         u = self.ufm
-        prev = None if math.isnan(ema_prev) else ema_prev
-        rep = reported_ufm(ufm_raw, utility, clip=(u.clip_low, u.clip_high), gate_map=u.gate,
-                           ema_prev=prev, ema_decay=u.ema_decay)
-        return (math.nan if rep.ema is None else rep.ema), rep.u, utility < u.gate
+        gate = u.gate if u.gate_mode == "absolute" else self.relative_gate
+        gated = gate is not None and utility < gate
+        if math.isnan(ufm_raw):
+            return self._ufm_ema, (u.clip_high if gated else u.insufficient_u), gated
+        prev = None if math.isnan(self._ufm_ema) else self._ufm_ema
+        rep = reported_ufm(ufm_raw, utility, clip=(u.clip_low, u.clip_high), gate_map=gate,
+                           ema_prev=prev if u.ema_decay is not None else None, ema_decay=u.ema_decay)
+        self._ufm_ema = math.nan if rep.ema is None else rep.ema
+        return self._ufm_ema, rep.u, gated

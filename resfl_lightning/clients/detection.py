@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.base import (
+    AdversarySettings,
+    EvalResult,
+    FederatedClient,
+    LossWeights,
+    OptimSettings,
+    UfmSettings,
+)
 from resfl_lightning.clients.cohorts import effective_mode, ufm_cohorts
 from resfl_lightning.data.detection import ground_truth_for
-from resfl_lightning.losses.adversary import Adversary, adversarial_loss, roi_pool_features
+from resfl_lightning.losses.adversary import Adversary, roi_pool_features
 from resfl_lightning.losses.detection import EvidentialDetectionLoss
+from resfl_lightning.losses.fairness import group_mean_distance
+from resfl_lightning.losses.per_image import per_image_detection_loss
 from resfl_lightning.metrics.detection import detection_map
-from resfl_lightning.metrics.fairness import detection_fairness
-from resfl_lightning.metrics.ufm import ufm_from_detections
+from resfl_lightning.metrics.fairness import detection_fairness, group_counts
+from resfl_lightning.metrics.ufm import (
+    drop_small_cohorts,
+    image_group_evidence,
+    insufficient_ufm,
+    ufm_from_units,
+)
 from resfl_lightning.models.yolo import EvidentialYOLO, YoloSpec
 
 
@@ -24,12 +40,13 @@ def gt_boxes_xyxy(batch: dict, image_hw: tuple[int, int]) -> torch.Tensor:
 
 class DetectionClient(FederatedClient):
     def __init__(self, spec: YoloSpec, num_groups: int, weights: LossWeights, ufm: UfmSettings,
-                 optim: OptimSettings, adversary_hidden: int = 128, map_conf: float = 0.001, max_det: int = 300):
-        super().__init__(weights, ufm, optim)
+                 optim: OptimSettings, adversary: AdversarySettings | None = None, map_conf: float = 0.001,
+                 max_det: int = 300):
+        super().__init__(weights, ufm, optim, adversary)
         self.spec, self.num_groups = spec, num_groups
         self.model = EvidentialYOLO(spec)
-        self.adversary = Adversary(sum(self.model.feature_channels), num_groups, hidden=adversary_hidden,
-                                   grl_scale=weights.grl_scale)
+        self.adversary = Adversary(sum(self.model.feature_channels), num_groups,
+                                   hidden=self.adversary_settings.hidden, grl_scale=self.reversal_scale)
         self.criterion = EvidentialDetectionLoss(self.model)
         self.map_conf, self.max_det = map_conf, max_det
 
@@ -45,14 +62,22 @@ class DetectionClient(FederatedClient):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["img"])
-        res = self.criterion.compute(out, batch)
+        # Under DP-SGD every image's loss stands alone (per-example sensitivity; losses/per_image.py).
+        res = per_image_detection_loss(self.criterion, out, batch) if self.dp is not None else \
+            self.criterion.compute(out, batch)
         w = self.weights
-        if w.lambda_priv > 0 and batch["groups"].numel():
-            adv = adversarial_loss(self.adversary, self.person_features(out["feats"], batch), batch["groups"])
+        has_persons = bool(batch["groups"].numel())
+        h = self.person_features(out["feats"], batch) if has_persons and (w.lambda_priv > 0 or w.w_fair > 0) \
+            else None
+        if w.lambda_priv > 0 and has_persons:
+            adv = self.adversary_loss(h, batch["groups"])
         else:
             adv = res.task * 0.0
+        fair = None
+        if w.w_fair > 0:  # L_fair on the ROI-pooled person features the adversary uses
+            fair = group_mean_distance(h, batch["groups"]) if h is not None else res.task * 0.0
         unc_values = self.kl_coefficient() * res.fg_unc + res.fg_nig_reg
-        return self.compose_loss(res.task, adv, unc_values, res.fg_groups, res.per_image_cls, res.parts)
+        return self.compose_loss(res.task, adv, unc_values, res.fg_groups, res.per_image_cls, res.parts, fair=fair)
 
     @torch.no_grad()
     def predict_batch(self, batch: dict, with_features: bool = False):
@@ -89,21 +114,46 @@ class DetectionClient(FederatedClient):
         return preds, gts, loss, (feats[0] if feats else None)
 
     def _ufm(self, preds: list[dict], gts: list[dict], features=None):
+        units = self._ufm_units(preds, gts, features)
+        if units is None:
+            return insufficient_ufm()
+        return ufm_from_units(units, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
+
+    def _ufm_units(self, preds: list[dict], gts: list[dict], features=None) -> list[dict[int, float]] | None:
+        """Per-image group evidence over the UFM cohorts, or None when fewer than two cohorts are usable."""
         u = self.ufm
         cohorts = ufm_cohorts(preds, gts, u, self.num_groups, seed=self.client_id + 1000 * self.round_idx,
                               features=features)
-        return ufm_from_detections(list(zip(preds, gts)), cohorts=cohorts, score_threshold=u.score_threshold,
-                                   iou_threshold=u.iou_threshold, evidence_floor=u.evidence_floor, eps=u.eps)
+        per_image = cohorts if cohorts is not None else [g["groups"].long().cpu() for g in gts]
+        flat, kept = drop_small_cohorts(torch.cat(per_image) if per_image else torch.empty(0), u.min_group_persons)
+        if kept < 2:
+            return None
+        cohorts = list(flat.split([len(c) for c in per_image]))
+        return image_group_evidence(list(zip(preds, gts)), cohorts=cohorts, score_threshold=u.score_threshold,
+                                    iou_threshold=u.iou_threshold)
 
     def evaluate(self, loader) -> EvalResult:
         preds, gts, loss, feats = self._collect_for_ufm(loader)
         ap = detection_map(preds, gts)
-        return EvalResult(ufm_raw=float(self._ufm(preds, gts, feats).ufm), utility=float(ap["map"]),
-                          utility50=float(ap["map_50"]), eval_loss=loss)
+        units = self._ufm_units(preds, gts, feats)
+        u = self.ufm
+        fair = detection_fairness(list(zip(preds, gts)), self.num_groups, iou_threshold=u.iou_threshold,
+                                  score_threshold=u.score_threshold)
+        return EvalResult(ufm_raw=math.nan if units is None else ufm_from_units(units, u.evidence_floor, u.eps).ufm,
+                          utility=float(ap["map"]), utility50=float(ap["map_50"]), eval_loss=loss,
+                          ufm_se=self._ufm_se(units), val_delta_eop=float(fair["delta_eop"]))
+
+    def test_outputs(self, loader):
+        """One eval-mode pass over a split, (preds, gts, mean task loss, person features or None): every metric of
+        an evaluation round is computed from it (test_metrics_from, EOD in callbacks/robustness.py)."""
+        return self._collect_for_ufm(loader)
 
     def test_metrics(self, loader) -> dict[str, float]:
+        return self.test_metrics_from(self.test_outputs(loader))
+
+    def test_metrics_from(self, outputs) -> dict[str, float]:
         """mAP@50-95 / @50, group TPR, |1-DI|, delta-EOP, fairness score, per-group evidence, global UFM."""
-        preds, gts, loss, feats = self._collect_for_ufm(loader)
+        preds, gts, loss, feats = outputs
         u = self.ufm
         out = {k: float(v) for k, v in detection_map(preds, gts).items()}
         out.update(detection_fairness(list(zip(preds, gts)), self.num_groups, iou_threshold=u.iou_threshold,
@@ -111,6 +161,12 @@ class DetectionClient(FederatedClient):
         out.update(self._ufm(preds, gts, feats).as_dict())
         out["loss"] = loss
         return out
+
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        preds, gts, _ = self.collect(loader)
+        tp, fn = group_counts(list(zip(preds, gts)), num_groups, iou_threshold=self.ufm.iou_threshold,
+                              score_threshold=self.ufm.score_threshold)
+        return tp, tp + fn
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-image Dirichlet NLL (detection has no single per-image correctness, so every image counts)."""

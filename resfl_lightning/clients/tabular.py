@@ -11,17 +11,27 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from resfl_lightning.clients.base import EvalResult, FederatedClient, LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.base import (
+    AdversarySettings,
+    EvalResult,
+    FederatedClient,
+    LossWeights,
+    OptimSettings,
+    UfmSettings,
+)
 from resfl_lightning.clients.cohorts import effective_mode
-from resfl_lightning.losses.adversary import Adversary, adversarial_loss
+from resfl_lightning.losses.adversary import Adversary
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
+from resfl_lightning.losses.fairness import group_mean_distance
 from resfl_lightning.metrics.fairness import classification_fairness
 from resfl_lightning.metrics.ufm import (
     UFMResult,
     cohorts_kmeans,
     cohorts_vacuity_slices,
     drop_group_labels,
+    drop_small_cohorts,
     flip_group_labels,
+    insufficient_ufm,
     ufm_from_samples,
 )
 from resfl_lightning.models.tabular import TabularNet
@@ -58,12 +68,12 @@ class TabularPredictions:
 class TabularClient(FederatedClient):
     def __init__(self, num_features: int, num_groups: int, weights: LossWeights, ufm: UfmSettings,
                  optim: OptimSettings, hidden: Sequence[int] = (256, 128, 64), num_classes: int = 2,
-                 adversary_hidden: int = 128):
-        super().__init__(weights, ufm, optim)
+                 adversary: AdversarySettings | None = None):
+        super().__init__(weights, ufm, optim, adversary)
         self.num_groups, self.num_classes = num_groups, num_classes
         self.model = TabularNet(num_features, hidden, num_classes)
-        self.adversary = Adversary(self.model.feature_dim, num_groups, hidden=adversary_hidden,
-                                   grl_scale=weights.grl_scale)
+        self.adversary = Adversary(self.model.feature_dim, num_groups, hidden=self.adversary_settings.hidden,
+                                   grl_scale=self.reversal_scale)
 
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
         return self.model.head_parameters if self.weights.curv_params == "head" else list(self.model.parameters())
@@ -83,12 +93,13 @@ class TabularClient(FederatedClient):
         onehot = F.one_hot(y, self.num_classes).to(out.alpha.dtype)
         nll = dirichlet_nll(out.alpha, onehot)
         task = nll.mean()
-        adv = adversarial_loss(self.adversary, out.features, groups) if self.weights.lambda_priv > 0 else task * 0.0
+        adv = self.adversary_loss(out.features, groups) if self.weights.lambda_priv > 0 else task * 0.0
         kl = dirichlet_kl_uniform(out.alpha, onehot)
         correct = out.alpha.argmax(dim=-1) == y
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
-        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts)
+        fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
+        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair)
 
     @torch.no_grad()
     def collect(self, loader) -> TabularPredictions:
@@ -130,24 +141,47 @@ class TabularClient(FederatedClient):
         raise ValueError(f"ufm.cohorts={u.cohorts!r} needs a proxy column, which tabular data does not provide; "
                          "use groups, cluster or slices")
 
+    def _ufm_cohorts_kept(self, pred: TabularPredictions) -> torch.Tensor | None:
+        cohorts, kept = drop_small_cohorts(self.ufm_cohorts(pred), self.ufm.min_group_persons)
+        return cohorts if kept >= 2 else None
+
     def _ufm(self, pred: TabularPredictions) -> UFMResult:
-        return ufm_from_samples(pred.alpha0, self.ufm_cohorts(pred), evidence_floor=self.ufm.evidence_floor,
-                                eps=self.ufm.eps)
+        cohorts = self._ufm_cohorts_kept(pred)
+        if cohorts is None:
+            return insufficient_ufm()
+        return ufm_from_samples(pred.alpha0, cohorts, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
 
     def evaluate(self, loader) -> EvalResult:
         """UFM over the per-sample Dirichlet strength alpha_0 by cohort; utility = accuracy (gated like mAP)."""
         pred = self.collect(loader)
         acc = pred.accuracy
+        cohorts = self._ufm_cohorts_kept(pred)
+        units = None if cohorts is None else [{int(g): float(a)} for g, a in zip(cohorts, pred.alpha0) if g >= 0]
+        fair = classification_fairness(pred.y, pred.y_pred, pred.groups)
         return EvalResult(ufm_raw=float(self._ufm(pred).ufm), utility=acc, utility50=acc,
-                          eval_loss=float(pred.losses.mean()))
+                          eval_loss=float(pred.losses.mean()), ufm_se=self._ufm_se(units),
+                          val_delta_eop=float(fair["delta_eop"]))
+
+    def test_outputs(self, loader) -> TabularPredictions:
+        """One eval-mode pass over a split: every metric of an evaluation round is computed from it."""
+        return self.collect(loader)
 
     def test_metrics(self, loader) -> dict[str, float]:
+        return self.test_metrics_from(self.test_outputs(loader))
+
+    def test_metrics_from(self, pred: TabularPredictions) -> dict[str, float]:
         """Accuracy, per-group selection rate / TPR / FPR, |1-DI| (selection rate), delta-EOP, EO gap, UFM, loss."""
-        pred = self.collect(loader)
         out = classification_fairness(pred.y, pred.y_pred, pred.groups)
         out.update(self._ufm(pred).as_dict())
         out["loss"] = float(pred.losses.mean())
         return out
+
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pred = self.collect(loader)
+        positive, known = pred.y == 1, pred.groups >= 0
+        hit = positive & (pred.y_pred == 1)
+        return (torch.bincount(pred.groups[hit & known], minlength=num_groups),
+                torch.bincount(pred.groups[positive & known], minlength=num_groups))
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-row Dirichlet NLL."""

@@ -18,11 +18,15 @@ class ServerState:
     round_idx: int  # last completed round (-1 before the first)
     theta: torch.Tensor  # flat fp32 global parameters + float buffers
     int_buffers: dict[str, torch.Tensor]
-    ufm_ema: torch.Tensor  # per-client EMA state, NaN where none yet
-    swa: torch.Tensor | None = None  # running SWA average of theta (CurvFed), if enabled
+    swa: torch.Tensor | None = None  # running SWA average of theta (CurvFed / FedSWA), if enabled
     swa_count: int = 0
     logger_run_id: str = ""
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def model_theta(self) -> torch.Tensor:
+        """The model that is evaluated, exported and reported: the SWA average once SWA has started."""
+        return self.swa if self.swa is not None and self.swa_count > 0 else self.theta
 
 
 def _rng_state() -> dict:
@@ -46,7 +50,7 @@ def save_checkpoint(path: Path, state: ServerState) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "round_idx": state.round_idx, "theta": state.theta, "int_buffers": state.int_buffers,
-        "ufm_ema": state.ufm_ema, "swa": state.swa, "swa_count": state.swa_count,
+        "swa": state.swa, "swa_count": state.swa_count,
         "logger_run_id": state.logger_run_id, "extra": state.extra, "rng": _rng_state(),
     }
     tmp = path.with_suffix(".tmp")
@@ -59,14 +63,14 @@ def load_checkpoint(path: Path, restore_rng: bool = True) -> ServerState:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - re-raised with the file named
         raise RuntimeError(f"cannot read checkpoint {path}: {err}") from err
-    missing = {"round_idx", "theta", "int_buffers", "ufm_ema"} - set(payload)
+    missing = {"round_idx", "theta", "int_buffers"} - set(payload)
     if missing:
         raise KeyError(f"checkpoint {path} lacks keys {sorted(missing)}")
     if restore_rng and "rng" in payload:
         _set_rng_state(payload["rng"])
     return ServerState(
         round_idx=int(payload["round_idx"]), theta=payload["theta"], int_buffers=payload["int_buffers"],
-        ufm_ema=payload["ufm_ema"], swa=payload.get("swa"), swa_count=int(payload.get("swa_count", 0)),
+        swa=payload.get("swa"), swa_count=int(payload.get("swa_count", 0)),
         logger_run_id=str(payload.get("logger_run_id", "")), extra=payload.get("extra", {}),
     )
 

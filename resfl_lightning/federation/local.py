@@ -10,39 +10,102 @@ import torch
 from resfl_lightning.clients.base import FederatedClient
 
 
+@torch.no_grad()
+def sam_ascent(params: list[torch.nn.Parameter], rho: float) -> list[torch.Tensor] | None:
+    """SAM's first step (Foret et al. 2021): move theta to theta + rho g/||g||; returns the offsets to undo.
+
+    Scaled (AMP) gradients give the same direction, so no unscaling is needed; a non-finite norm skips the ascent
+    and the step then behaves like plain SGD (the AMP scaler will skip it anyway)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    if not torch.isfinite(norm) or norm == 0:
+        return None
+    offsets = []
+    for p in params:
+        e = torch.zeros_like(p) if p.grad is None else p.grad * (rho / norm).to(p.dtype)
+        p.add_(e)
+        offsets.append(e)
+    return offsets
+
+
+@torch.no_grad()
+def sam_descent_point(params: list[torch.nn.Parameter], offsets: list[torch.Tensor]) -> None:
+    """Back to theta, keeping the gradients taken at the perturbed point (SAM's second step uses them)."""
+    for p, e in zip(params, offsets):
+        p.sub_(e)
+
+
 def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: Iterable, max_norm: float | None,
-                name: str) -> list[float]:
-    """One pass of SGD steps; returns the pre-clip gradient norms (NaN/inf where AMP skipped the step)."""
+                name: str, local_optimizers: list | None = None, sam_rho: float = 0.0) -> list[float]:
+    """One pass of SGD (or SAM) steps; returns the pre-clip gradient norms (NaN/inf where AMP skipped the step).
+
+    `optimizer` steps theta; `local_optimizers` step the client-local modules (the adversary phi) on the same
+    backward pass, at their own learning rate."""
+    local_optimizers = local_optimizers or []
+    optimizers = [optimizer, *local_optimizers]
+    shared = client.shared_parameters() if sam_rho > 0 else []
     norms = []
+    bad = None  # index of the first batch with a non-finite loss, kept on the device (no per-step host sync)
     for batch_idx, batch in enumerate(batches):
         batch = fabric.to_device(batch)
+        if client.dp is not None and client.dp.is_empty(batch):  # empty Poisson draw: DP-SGD steps on noise alone
+            norms.append(client.dp.noise_only_step(optimizer))
+            continue
         with fabric.autocast():
             loss = client.training_step(batch, batch_idx)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{name}, batch {batch_idx}: non-finite loss {float(loss)} "
-                                     f"(running means: {client.mean_losses()})")
-        optimizer.zero_grad(set_to_none=True)
+        bad = _first_nonfinite(bad, loss, batch_idx)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
         fabric.backward(loss)
+        if sam_rho > 0:
+            offsets = sam_ascent(shared, sam_rho)
+            if offsets is not None:
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                with fabric.autocast():
+                    perturbed = client.training_step(batch, batch_idx)
+                fabric.backward(perturbed)
+                sam_descent_point(shared, offsets)
         if max_norm:
-            # Fabric unscales AMP gradients before clipping; a non-finite norm makes the scaler skip the step.
-            norms.append(float(fabric.clip_gradients(client, optimizer, max_norm=max_norm, error_if_nonfinite=False)))
+            # Fabric unscales AMP gradients before clipping (theta's optimizer only: phi is not clipped with it).
+            norms.append(fabric.clip_gradients(client, optimizer, max_norm=max_norm, error_if_nonfinite=False).detach())
         else:
-            norms.append(float("nan"))
-        optimizer.step()
-    return norms
+            norms.append(loss.new_tensor(float("nan")))
+        for opt in optimizers:
+            opt.step()
+        client.extra_adversary_steps([getattr(o, "optimizer", o) for o in local_optimizers])
+    if bad is not None and int(bad) >= 0:  # the epoch's one read-back
+        raise FloatingPointError(f"{name}, batch {int(bad)}: non-finite loss (running means: {client.mean_losses()})")
+    return torch.stack(norms).tolist() if norms else []
+
+
+def _first_nonfinite(bad: torch.Tensor | None, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    nonfinite = ~torch.isfinite(loss.detach())
+    return torch.where(nonfinite, batch_idx, -1) if bad is None else torch.where((bad < 0) & nonfinite, batch_idx, bad)
 
 
 def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Callable[[int], Iterable],
-                epochs: int, lr_factor: float = 1.0, name: str = "client") -> int:
-    """SGD over `epochs` passes of loader_for_epoch(epoch); returns the number of optimizer steps."""
+                epochs: int, lr_factor: float = 1.0, name: str = "client", sam_rho: float = 0.0,
+                epoch_end: Callable[[int], None] | None = None) -> int:
+    """SGD (or SAM) over `epochs` passes of loader_for_epoch(epoch); returns the number of optimizer steps.
+
+    `epoch_end(epoch)` runs after each epoch (CurvFed's per-epoch evaluation and best-epoch selection)."""
     client.train()
     optimizer = client.configure_optimizers()
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * lr_factor
     # Fabric's optimizer wrapper lets the precision plugin unscale AMP gradients and skip overflowing steps.
     optimizer = fabric.setup_optimizers(optimizer)
+    local_optimizers = [fabric.setup_optimizers(o) for o in client.local_optimizers()]
     steps = 0
     for epoch in range(epochs):
-        steps += len(train_epoch(fabric, client, optimizer, loader_for_epoch(epoch), client.optim.grad_clip,
-                                 f"{name}, epoch {epoch}"))
+        batches = loader_for_epoch(epoch)
+        if client.dp is not None:  # DP-SGD: Poisson batches over the same dataset (privacy/dp.py)
+            batches = client.dp.loader(batches)
+        steps += len(train_epoch(fabric, client, optimizer, batches, client.optim.grad_clip,
+                                 f"{name}, epoch {epoch}", local_optimizers, sam_rho))
+        if epoch_end is not None:
+            epoch_end(epoch)
     return steps

@@ -8,8 +8,11 @@ of the small reports and one all_reduce of the weighted delta sum per round.
 from __future__ import annotations
 
 import math
+import os
 import random
+import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,13 +20,17 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from resfl_lightning.clients.base import FederatedClient
 from resfl_lightning.federation.aggregation import Aggregator, StreamingWeightedSum, combine_normalisers
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
+from resfl_lightning.federation.client_state import ClientStateStore
+from resfl_lightning.federation.collectives import PROGRESS, Collectives
+from resfl_lightning.federation.faults import FaultPlan, check_update, warn_dropped
 from resfl_lightning.federation.local import local_train
+from resfl_lightning.federation.participation import deal, sample_clients
 from resfl_lightning.federation.state import FlatLayout
+from resfl_lightning.metrics.ufm import relative_gate_threshold
 from resfl_lightning.types import ClientReport
 
 UpdateTransform = Callable[[int, int, torch.Tensor], torch.Tensor]  # (client_id, round_idx, delta) -> delta
@@ -46,10 +53,27 @@ class FederationSettings:
     report_fim: bool = False
     fim_iters: int = 20
     crash_after_round: int | None = None
-    swa_start: int | None = None  # CurvFed server-side SWA: first round averaged
+    # Server-side SWA (Caldarola et al. 2022; CurvFed Algorithm 2): from round swa_start on, the client lr runs a
+    # cycle of swa_every rounds from swa_lr_high down to swa_lr_low (multiples of optim.lr), and the global model
+    # is folded into the SWA average at the end of each cycle. The SWA model is then the one evaluated,
+    # checkpointed and exported.
+    swa_start: int | None = None
     swa_every: int = 1
+    swa_lr_high: float | None = None  # None: keep the step-decay schedule during SWA
+    swa_lr_low: float | None = None
+    sam_rho: float = 0.0  # > 0: SAM local optimiser (FedSAM, CurvFed)
+    keep_best_epoch: bool = False  # CurvFed Algorithm 1: evaluate after each local epoch, keep the best
+    client_state_memory_mb: float = 256.0
+    relative_gate_k: float | None = None  # ufm.gate_mode=relative: the k of median - k MAD (None: absolute gate)
+    clients_per_round: int | float | None = None  # None: every client; a count; or a fraction in (0, 1]
+    min_clients: int = 1  # quorum: a round with fewer aggregated clients is skipped (theta_G unchanged)
+    fail_clients: tuple[str, ...] = ()  # debug.fail_clients fault injection ("<client>:<round|*>:<fault>")
+    kill_rank: int | None = None  # debug: this rank SIGKILLs itself at the start of kill_round
+    kill_round: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_clients, bool) or int(self.min_clients) != self.min_clients or self.min_clients < 1:
+            raise ValueError(f"federation.min_clients must be an integer >= 1, got {self.min_clients!r}")
         if self.rounds < 1:
             raise ValueError(f"federation.rounds must be >= 1, got {self.rounds}")
         if self.local_epochs < 1:
@@ -58,15 +82,45 @@ class FederationSettings:
             raise ValueError(f"federation.server_lr must be > 0, got {self.server_lr}")
         if not 0 < self.lr_gamma <= 1:
             raise ValueError(f"federation.lr_gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.swa_start is not None and self.swa_start < 0:
+            raise ValueError(f"algorithm.swa_start must be >= 0 or null, got {self.swa_start}")
+        if self.swa_every < 1:
+            raise ValueError(f"algorithm.swa_every must be >= 1, got {self.swa_every}")
+        if (self.swa_lr_high is None) != (self.swa_lr_low is None):
+            raise ValueError("algorithm.swa_lr_high and algorithm.swa_lr_low must both be set or both be null")
+        if self.swa_lr_high is not None and not 0 < self.swa_lr_low <= self.swa_lr_high:
+            raise ValueError(f"algorithm.swa_lr_low/high must satisfy 0 < low <= high, got "
+                             f"{self.swa_lr_low}, {self.swa_lr_high}")
+        if self.sam_rho < 0:
+            raise ValueError(f"algorithm.sam_rho must be >= 0, got {self.sam_rho}")
+
+    def in_swa(self, round_idx: int) -> bool:
+        return self.swa_start is not None and round_idx >= self.swa_start
+
+    def swa_cycle_end(self, round_idx: int) -> bool:
+        """The SWA average takes the global model at the end of each cycle (where the cyclical lr is lowest)."""
+        return self.in_swa(round_idx) and (round_idx - self.swa_start) % self.swa_every == self.swa_every - 1
 
     def lr_factor(self, round_idx: int) -> float:
-        """Step decay by round: x lr_gamma at each milestone already reached."""
+        """Multiplier on optim.lr: step decay by round (x lr_gamma per milestone reached), or the SWA cycle."""
+        if self.in_swa(round_idx) and self.swa_lr_high is not None:
+            pos = (round_idx - self.swa_start) % self.swa_every
+            frac = pos / (self.swa_every - 1) if self.swa_every > 1 else 1.0
+            return self.swa_lr_high + (self.swa_lr_low - self.swa_lr_high) * frac
         return self.lr_gamma ** sum(round_idx >= m for m in self.lr_milestones)
 
 
 def client_seed(seed: int, round_idx: int, client_id: int) -> int:
     """Independent of world size and of which rank trains the client."""
     return int(np.random.SeedSequence([seed, round_idx, client_id]).generate_state(1)[0])
+
+
+RELATIVE_GATE_KEY = "relative_gate"
+
+
+def client_init_seed(seed: int, client_id: int) -> int:
+    """Seed of a client's first own state (e.g. its adversary's initial weights): a function of (run seed, client)."""
+    return int(np.random.SeedSequence([seed, client_id], spawn_key=(1,)).generate_state(1)[0])
 
 
 def seed_all(seed: int) -> None:
@@ -95,24 +149,34 @@ class Federation:
     logger_run_id: str = ""
     config: object = None  # the resolved run config (written to the run directory by RunFiles)
 
+    def __post_init__(self) -> None:
+        self.client_states = ClientStateStore(self.checkpoint_path.parent / "clients",
+                                              int(self.settings.client_state_memory_mb * 2**20))
+        self.faults = FaultPlan.parse(self.settings.fail_clients)
+        self.collectives = Collectives(self.fabric)
+
     @property
     def checkpoint_path(self) -> Path:
         return Path(self.settings.run_dir) / "checkpoints" / "last.pt"
 
-    def own_clients(self) -> list[int]:
-        f = self.fabric
-        return [i for i in range(self.data.num_clients) if i % f.world_size == f.global_rank]
+    def participants(self, round_idx: int) -> list[int]:
+        """The round's sampled clients (federation.clients_per_round), the same on every rank and world size."""
+        return sample_clients(self.settings.seed, round_idx, self.data.num_clients, self.settings.clients_per_round)
 
-    # --- collectives (no-ops on one process) -------------------------------------------------------
-    def _gather(self, obj):
-        if self.fabric.world_size == 1:
-            return [obj]
-        out = [None] * self.fabric.world_size
-        dist.all_gather_object(out, obj)
-        return out
+    def own_clients(self, round_idx: int | None = None) -> list[int]:
+        """This rank's share of the round's participants (possibly none); default: the round under way."""
+        round_idx = PROGRESS.round_idx if round_idx is None else round_idx
+        return deal(self.participants(round_idx), self.fabric.global_rank, self.fabric.world_size)
 
-    def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return self.fabric.all_reduce(t, reduce_op="sum") if self.fabric.world_size > 1 else t
+    # --- collectives (no-ops on one process; a dead or hanging peer raises PeerFailure) ------------
+    def _gather(self, obj, step: str = "report all_gather"):
+        return self.collectives.gather(obj, PROGRESS.round_idx, step)
+
+    def _all_reduce_sum(self, t: torch.Tensor, step: str = "update all_reduce") -> torch.Tensor:
+        return self.collectives.all_reduce_sum(t, PROGRESS.round_idx, step)
+
+    def _barrier(self, step: str) -> None:
+        self.collectives.barrier(PROGRESS.round_idx, step)
 
     # --- one client ------------------------------------------------------------------------------
     def train_client(self, client: FederatedClient, layout: FlatLayout, state: ServerState, client_id: int,
@@ -120,16 +184,30 @@ class Federation:
         fabric, s = self.fabric, self.settings
         layout.load(client, state.theta, state.int_buffers)
         cseed = client_seed(s.seed, round_idx, client_id)
+        # The client's own state (phi, power-iteration vector, UFM EMA); a first-time client's is drawn from a
+        # seed of (run seed, client) alone, so 1 process and N processes build the same one.
+        client.import_local_state(self.client_states.get(client_id), seed=client_init_seed(s.seed, client_id))
+        gate = state.extra.get(RELATIVE_GATE_KEY)
+        client.relative_gate = None if gate is None else float(gate)
         seed_all(cseed)
         client.begin_client(client_id, round_idx)
-        t0 = time.perf_counter()
-        times.steps += local_train(
-            fabric, client, lambda epoch: self.data.train_loader(client_id, seed=cseed + epoch), s.local_epochs,
-            lr_factor=s.lr_factor(round_idx), name=f"client {client_id}, round {round_idx}")
-        t1 = time.perf_counter()
+        self.faults.before_training(client_id, round_idx)
         val_loader = self.data.val_loader(client_id)
-        result = client.evaluate(val_loader)
-        ema, u, gated = client.report_u(result.ufm_raw, result.utility, float(state.ufm_ema[client_id]))
+        best = BestEpoch(client, layout, val_loader) if s.keep_best_epoch else None
+        t0 = time.perf_counter()
+        with self.faults.during_training(client, client_id, round_idx):
+            times.steps += local_train(
+                fabric, client, lambda epoch: self.data.train_loader(client_id, seed=cseed + epoch), s.local_epochs,
+                lr_factor=s.lr_factor(round_idx), name=f"client {client_id}, round {round_idx}", sam_rho=s.sam_rho,
+                epoch_end=best)
+        client.before_upload(val_loader)  # PrivFairFL-Pre: perturb and calibrate the logit layer (no-op otherwise)
+        t1 = time.perf_counter()
+        result = best.restore() if best is not None else client.evaluate(val_loader)
+        delta = layout.flatten(client) - state.theta
+        for transform in self.update_transforms:
+            delta = transform(client_id, round_idx, delta)
+        result, (ema, u, gated) = self._reported(client, layout, state, client_id, round_idx, result, delta,
+                                                 val_loader)
         fim = client.validation_fim(val_loader, iters=s.fim_iters) if s.report_fim else math.nan
         t2 = time.perf_counter()
         times.train += t1 - t0
@@ -137,29 +215,45 @@ class Federation:
         report = ClientReport(
             client_id=client_id, num_samples=self.data.num_train(client_id), ufm_raw=result.ufm_raw, ufm_ema=ema,
             u=u, gated=gated, val_utility=result.utility, val_utility50=result.utility50,
-            eval_loss=result.eval_loss, fim_eigenvalue=fim, train_losses=client.mean_losses(),
+            eval_loss=result.eval_loss, fim_eigenvalue=fim, ufm_se=result.ufm_se, val_delta_eop=result.val_delta_eop,
+            train_losses=client.mean_losses(),
             timings={"train": t1 - t0, "validate": t2 - t1},
+            dp_epsilon=client.dp_epsilon(), calibration=client.calibration_statistics(val_loader),
         )
-        delta = layout.flatten(client) - state.theta
-        for transform in self.update_transforms:
-            delta = transform(client_id, round_idx, delta)
-        if not torch.isfinite(delta).all():
-            raise FloatingPointError(f"client {client_id}, round {round_idx}: update has non-finite values")
+        report, delta = self.faults.after_training(client_id, round_idx, report, delta)
+        check_update(report, delta, self.aggregator.score(report), client_id, round_idx)
+        # Only a usable round updates the client's own state: a dropped client keeps its previous one.
+        self.client_states.put(client_id, round_idx, client.export_local_state())
         return report, delta
+
+    def _reported(self, client: FederatedClient, layout: FlatLayout, state: ServerState, client_id: int,
+                  round_idx: int, result, delta: torch.Tensor, val_loader):
+        """(evaluation, (EMA, u, gated)) the client reports. An update transform with a `report` hook (Byzantine
+        report modes, attacks/robustness.py) decides it; `validate_sent` evaluates theta_G + the update it sends."""
+        def validate_sent():
+            layout.load(client, state.theta + delta, state.int_buffers)
+            return client.evaluate(val_loader)
+
+        for transform in self.update_transforms:
+            if hasattr(transform, "report"):
+                return transform.report(client_id, round_idx, result, validate_sent, client.report_u)
+        return result, client.report_u(result.ufm_raw, result.utility)
 
     # --- the run ---------------------------------------------------------------------------------
     def initial_state(self, client: FederatedClient, layout: FlatLayout) -> ServerState:
         s = self.settings
         if s.resume and self.checkpoint_path.is_file():
             state = load_checkpoint(self.checkpoint_path)
+            PROGRESS.saved_round, PROGRESS.checkpoint = state.round_idx, str(self.checkpoint_path)
             if state.theta.numel() != layout.numel:
                 raise ValueError(f"checkpoint {self.checkpoint_path} holds {state.theta.numel()} values but the "
                                  f"configured model has {layout.numel}; was the config changed?")
             self.fabric.print(f"resuming from {self.checkpoint_path} after round {state.round_idx}")
+            self.client_states.restore_to(state.round_idx)
             return state
-        theta = self.fabric.broadcast(layout.flatten(client), src=0)
+        with self.collectives.guard(-1, "initial broadcast"):
+            theta = self.fabric.broadcast(layout.flatten(client), src=0)
         return ServerState(round_idx=-1, theta=theta, int_buffers=layout.int_buffers(client),
-                           ufm_ema=torch.full((self.data.num_clients,), math.nan, dtype=torch.float64),
                            logger_run_id=self.logger_run_id)
 
     def fit(self) -> ServerState:
@@ -175,37 +269,60 @@ class Federation:
         for round_idx in range(state.round_idx + 1, s.rounds):
             state = self.run_round(client, layout, state, round_idx)
         fabric.call("on_fit_end", federation=self, model=client, layout=layout, state=state)
-        fabric.barrier()
+        self._barrier("final barrier")
         return state
 
     def run_round(self, client: FederatedClient, layout: FlatLayout, state: ServerState,
                   round_idx: int) -> ServerState:
         fabric, s = self.fabric, self.settings
         times = RoundTimes()
+        self.collectives.at(round_idx, "local training")
+        if s.kill_rank == fabric.global_rank and s.kill_round == round_idx:  # debug: a rank dies (no-hang test)
+            os.kill(os.getpid(), signal.SIGKILL)
         fabric.call("on_round_start", federation=self, round_idx=round_idx)
+        state = self._prepare_aggregator(client, layout, state, round_idx)
         acc = StreamingWeightedSum(layout.numel, device=state.theta.device)
-        own_reports = []
-        for client_id in self.own_clients():
-            report, delta = self.train_client(client, layout, state, client_id, round_idx, times)
+        own_reports, own_dropped = [], []
+        for client_id in self.own_clients(round_idx):
+            try:
+                report, delta = self.train_client(client, layout, state, client_id, round_idx, times)
+            except Exception as err:  # noqa: BLE001 - a failing client must not end the run (issue 11)
+                reason = f"{type(err).__name__}: {err}"
+                warn_dropped(client_id, round_idx, reason)
+                own_dropped.append((client_id, reason))
+                continue
             acc.add(self.aggregator.score(report), delta)
             own_reports.append(report)
             fabric.call("on_client_end", federation=self, round_idx=round_idx, report=report, delta=delta,
                         layout=layout)
         t0 = time.perf_counter()
-        gathered = self._gather((own_reports, acc.max_score, acc.normaliser))
+        gathered = self._gather((own_reports, own_dropped, acc.max_score, acc.normaliser))
         reports = sorted((r for part in gathered for r in part[0]), key=lambda r: r.client_id)
-        gmax, gnorm = combine_normalisers([(m, z) for _, m, z in gathered])
-        mean_delta = self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
-        theta = (state.theta.to(torch.float64) + s.server_lr * mean_delta).to(torch.float32)
-        ema = state.ufm_ema.clone()
-        for r in reports:
-            ema[r.client_id] = r.ufm_ema
-        state = replace(state, round_idx=round_idx, theta=theta, ufm_ema=ema)
+        dropped = dict(sorted(d for part in gathered for d in part[1]))
+        theta, skip = state.theta, self._quorum(len(reports), round_idx)
+        if skip is None:  # every rank takes the same branch: all of them saw the same gathered reports
+            gmax, gnorm = combine_normalisers([(m, z) for _, _, m, z in gathered])
+            mean_delta = self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
+            theta = (state.theta.to(torch.float64) + s.server_lr * mean_delta).to(torch.float32)
+            if not torch.isfinite(theta).all():
+                theta, skip = state.theta, "the aggregated model has non-finite values"
+        if skip is not None and fabric.is_global_zero:
+            warnings.warn(f"round {round_idx}: skipped, theta_G unchanged: {skip}", RuntimeWarning, stacklevel=2)
+        state = replace(state, round_idx=round_idx, theta=theta)
         state = self._update_swa(state, round_idx)
+        state = self._next_relative_gate(state, reports)
         times.aggregate = time.perf_counter() - t0
         weights = self.aggregator.weights(reports)
-        layout.load(client, state.theta, state.int_buffers)  # callbacks evaluate the new global model
-        metrics: dict[str, float] = {"round": round_idx, "lr_factor": s.lr_factor(round_idx)}
+        layout.load(client, state.model_theta, state.int_buffers)  # callbacks evaluate the new global (or SWA) model
+        metrics: dict[str, float] = {"round": round_idx, "lr_factor": s.lr_factor(round_idx),
+                                     "aggregation/gated_uniform": float(bool(reports) and all(r.gated
+                                                                                               for r in reports)),
+                                     "swa/count": float(state.swa_count),
+                                     "round/sampled": float(len(reports) + len(dropped)),
+                                     "round/aggregated": float(len(reports)), "round/dropped": float(len(dropped)),
+                                     "round/skipped": float(skip is not None)}
+        metrics.update({f"client/{r.client_id}/dropped": 0.0 for r in reports})
+        metrics.update({f"client/{i}/dropped": 1.0 for i in dropped})
         t1 = time.perf_counter()
         fabric.call("on_round_end", federation=self, round_idx=round_idx, reports=reports, weights=weights,
                     model=client, layout=layout, state=state, metrics=metrics)
@@ -214,17 +331,69 @@ class Federation:
                         "time/aggregate": times.aggregate, "time/callbacks": times.callbacks,
                         "time/steps": times.steps})
         fabric.call("on_metrics", federation=self, round_idx=round_idx, metrics=metrics, state=state)
+        self.client_states.commit()  # every rank's client states are on disk before the round's checkpoint names it
+        self._barrier("barrier before the checkpoint")
         if fabric.is_global_zero:
             save_checkpoint(self.checkpoint_path, state)
-        fabric.barrier()
+        self._barrier("barrier after the checkpoint")
+        PROGRESS.saved_round, PROGRESS.checkpoint = round_idx, str(self.checkpoint_path)
         if s.crash_after_round is not None and round_idx == s.crash_after_round:
             raise SimulatedCrash(f"simulated crash after round {round_idx} (debug.crash_after_round)")
         return state
 
+    def _prepare_aggregator(self, client: FederatedClient, layout: FlatLayout, state: ServerState,
+                            round_idx: int) -> ServerState:
+        """Aggregators whose weights depend on every client's view of the global model (FairFed) get, before local
+        training, each client's per-group (TP, positives) counts of theta_G on its validation split."""
+        if not getattr(self.aggregator, "needs_group_stats", False):
+            return state
+        layout.load(client, state.theta, state.int_buffers)
+        own = {cid: tuple(t.numpy() for t in client.group_outcomes(self.data.val_loader(cid), self.data.num_groups))
+               for cid in self.own_clients(round_idx)}
+        stats = {cid: v for part in self._gather(own, "group statistics all_gather") for cid, v in part.items()}
+        return self.aggregator.prepare(state, stats, {cid: self.data.num_train(cid) for cid in stats})
+
+    def _quorum(self, aggregated: int, round_idx: int) -> str | None:
+        """Why the round is skipped (None: apply it): fewer aggregated clients than federation.min_clients."""
+        if aggregated >= self.settings.min_clients:
+            return None
+        return (f"{aggregated} client update(s) usable, federation.min_clients={self.settings.min_clients} "
+                f"(sampled: {self.participants(round_idx)})")
+
+    def _next_relative_gate(self, state: ServerState, reports: list[ClientReport]) -> ServerState:
+        """ufm.gate_mode=relative: next round's gate is median - k MAD of this round's client utilities (the weights
+        stream in as clients finish, so the gate cannot wait for the round's own reports)."""
+        k = self.settings.relative_gate_k
+        if k is None:
+            return state
+        thr = relative_gate_threshold([r.val_utility for r in reports], k)
+        if thr is None:
+            return state
+        return replace(state, extra={**state.extra, RELATIVE_GATE_KEY: torch.tensor(thr, dtype=torch.float64)})
+
     def _update_swa(self, state: ServerState, round_idx: int) -> ServerState:
-        s = self.settings
-        if s.swa_start is None or round_idx < s.swa_start or (round_idx - s.swa_start) % s.swa_every:
+        if not self.settings.swa_cycle_end(round_idx):
             return state
         n = state.swa_count
         swa = state.theta.clone() if state.swa is None else state.swa + (state.theta - state.swa) / (n + 1)
         return replace(state, swa=swa, swa_count=n + 1)
+
+
+class BestEpoch:
+    """CurvFed Algorithm 1: evaluate on the client's eval split after every local epoch and keep the epoch with the
+    lowest eval loss; `restore` loads that model back and returns its evaluation."""
+
+    def __init__(self, client: FederatedClient, layout: FlatLayout, val_loader):
+        self.client, self.layout, self.val_loader = client, layout, val_loader
+        self.best = None  # (eval result, flat theta, integer buffers)
+
+    def __call__(self, epoch: int) -> None:
+        result = self.client.evaluate(self.val_loader)
+        if self.best is None or result.eval_loss < self.best[0].eval_loss:
+            self.best = (result, self.layout.flatten(self.client), self.layout.int_buffers(self.client))
+        self.client.train()
+
+    def restore(self):
+        result, theta, int_buffers = self.best
+        self.layout.load(self.client, theta, int_buffers)
+        return result

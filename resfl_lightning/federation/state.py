@@ -18,7 +18,9 @@ class FlatLayout:
 
     @classmethod
     def of(cls, module: nn.Module) -> FlatLayout:
-        sd = module.state_dict()
+        """Every state-dict entry except the module's client-local ones (`is_local_key`, e.g. the adversary)."""
+        is_local = getattr(module, "is_local_key", lambda name: False)
+        sd = {k: v for k, v in module.state_dict().items() if not is_local(k)}
         float_keys = tuple(k for k, v in sd.items() if v.is_floating_point())
         int_keys = tuple(k for k, v in sd.items() if not v.is_floating_point())
         return cls(float_keys, tuple(sd[k].shape for k in float_keys), int_keys)

@@ -227,6 +227,10 @@ class FisherCurvature:
         """Forget the warm-start vector (e.g. after loading a new global model)."""
         self.v = None
 
+    def reseed(self, seed: int) -> None:
+        """Draw the next cold-start vector from `seed` (per client and round, so it is world-size independent)."""
+        self._generator.manual_seed(seed)
+
     def select_params(self, model: nn.Module) -> list[nn.Parameter]:
         params = [p for name, p in model.named_parameters() if p.requires_grad and self._predicate(name)]
         if not params:

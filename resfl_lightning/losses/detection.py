@@ -27,7 +27,7 @@ class DetectionLossOutput:
     task: torch.Tensor  # box + cls + dfl + nig, a scalar
     parts: dict[str, torch.Tensor]  # detached components for logging
     per_image_cls: torch.Tensor  # (B,) per-image Dirichlet NLL, differentiable (Fisher samples)
-    fg_unc: torch.Tensor  # (F,) per-foreground-anchor KL(Dir(alpha~)||Dir(1)), not yet annealed
+    fg_unc: torch.Tensor  # (F,) per-foreground-anchor KL(Dir(alpha~)||Dir(1)) with hard targets, not yet annealed
     fg_nig_reg: torch.Tensor  # (F,) per-foreground-anchor NIG regulariser
     fg_groups: torch.Tensor  # (F,) sensitive group of the person each foreground anchor is assigned to
 
@@ -76,7 +76,7 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         alpha = 1.0 + torch.nn.functional.softplus(logits)  # (B, A, C+1)
         alpha0 = alpha.sum(-1, keepdim=True)
         obj_prob = (alpha[..., : self.nc] / alpha0).detach()
-        _, target_bboxes, target_scores, fg_mask, target_gt_idx = self.assigner(
+        target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx = self.assigner(
             obj_prob, (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype), anchor_points * stride_tensor,
             gt_labels, gt_bboxes, mask_gt,
         )
@@ -106,7 +106,10 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         groups = self._padded_groups(batch, bsz, gt_bboxes.shape[1])
         fg_groups = groups.gather(1, target_gt_idx.clamp(min=0))[fg_mask] if groups.shape[1] else \
             torch.empty(0, dtype=torch.long, device=self.device)
-        fg_unc = dirichlet_kl_uniform(alpha[fg_mask], y[fg_mask])
+        # KL target: the anchor's HARD outcome (its assigned class), never the soft task-aligned score, which would
+        # penalise evidence for the correct class (SPEC §2, L_unc).
+        y_hard = torch.nn.functional.one_hot(target_labels[fg_mask].long(), self.nc + 1).to(alpha.dtype)
+        fg_unc = dirichlet_kl_uniform(alpha[fg_mask], y_hard)
 
         hyp = self.hyp
         task = hyp.box * loss_box + hyp.cls * loss_cls + hyp.dfl * loss_dfl + self.nig_gain * loss_nig

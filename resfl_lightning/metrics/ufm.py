@@ -24,11 +24,17 @@ __all__ = [
     "cohorts_proxy",
     "cohorts_vacuity_slices",
     "drop_group_labels",
+    "drop_small_cohorts",
     "flip_group_labels",
+    "image_group_evidence",
+    "insufficient_ufm",
+    "relative_gate_threshold",
     "reported_ufm",
     "ufm_from_detections",
     "ufm_from_group_evidence",
+    "ufm_bootstrap_se",
     "ufm_from_samples",
+    "ufm_from_units",
 ]
 
 Pair = tuple[Mapping[str, Tensor], Mapping[str, Tensor]]
@@ -48,6 +54,32 @@ class UFMResult:
         out = {f"{prefix}ufm": self.ufm, f"{prefix}delta_u": self.delta_u}
         out.update({f"{prefix}mean_evidence/{g}": v for g, v in self.mean_evidence.items()})
         return out
+
+
+def relative_gate_threshold(utilities: Sequence[float], k: float = 3.0) -> float | None:
+    """median - k * MAD of the clients' validation utilities (raw MAD, not scaled to a normal sd); None if empty."""
+    x = np.asarray([u for u in utilities if u is not None and math.isfinite(u)], dtype=float)
+    if x.size == 0:
+        return None
+    med = float(np.median(x))
+    return med - k * float(np.median(np.abs(x - med)))
+
+
+def insufficient_ufm() -> UFMResult:
+    """The result for a split with fewer than two usable groups: UFM is undefined (NaN), not 0."""
+    return UFMResult(ufm=math.nan, delta_u=math.nan, mean_evidence={}, floored=())
+
+
+def drop_small_cohorts(cohorts: Any, min_count: int) -> tuple[Tensor, int]:
+    """Set cohorts with fewer than `min_count` members to -1 (unknown); returns (ids, number of cohorts kept)."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    ids = torch.as_tensor(cohorts).long().reshape(-1).clone()
+    known = ids[ids >= 0]
+    values, counts = torch.unique(known, return_counts=True)
+    small = values[counts < min_count]
+    ids[torch.isin(ids, small)] = -1
+    return ids, int((counts >= min_count).sum())
 
 
 def ufm_from_group_evidence(
@@ -84,9 +116,45 @@ def ufm_from_detections(
     (label-free variants). Per image x and group g: mean alpha0 of the detections matched to group-g persons,
     0 if none; abar_g averages that over the images containing a group-g person.
     """
+    units = image_group_evidence(pairs, cohorts, score_threshold, iou_threshold)
+    if not any(units):
+        raise ValueError(f"no ground-truth person with a known group in the {len(pairs)} images; UFM undefined")
+    return ufm_from_units(units, evidence_floor, eps)
+
+
+def ufm_from_units(units: Sequence[Mapping[int, float]], evidence_floor: float = 1e-3,
+                   eps: float = 1e-6) -> UFMResult:
+    """UFM from per-unit (image or sample) group evidence: abar_g = mean over the units that hold group g."""
+    per_group: dict[int, list[float]] = {}
+    for unit in units:
+        for g, v in unit.items():
+            per_group.setdefault(g, []).append(v)
+    return ufm_from_group_evidence({g: float(np.mean(v)) for g, v in per_group.items()}, evidence_floor, eps)
+
+
+def ufm_bootstrap_se(units: Sequence[Mapping[int, float]], resamples: int = 200, seed: int = 0,
+                     evidence_floor: float = 1e-3, eps: float = 1e-6) -> float:
+    """Bootstrap standard error of the UFM over the split's units (images or samples), resampled with replacement.
+
+    Resamples that keep fewer than two groups are skipped; NaN when fewer than two resamples remain."""
+    units = [u for u in units if u]
+    if len(units) < 2:
+        return math.nan
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        pick = [units[i] for i in rng.integers(0, len(units), len(units))]
+        if len({g for u in pick for g in u}) >= 2:
+            values.append(ufm_from_units(pick, evidence_floor, eps).ufm)
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
+
+
+def image_group_evidence(pairs: Sequence[Pair], cohorts: Sequence[Tensor] | None = None,
+                         score_threshold: float = 0.25, iou_threshold: float = 0.5) -> list[dict[int, float]]:
+    """Per image: {group: mean alpha0 of the detections matched to that group's persons (0 if none)}."""
     if cohorts is not None and len(cohorts) != len(pairs):
         raise ValueError(f"cohorts has {len(cohorts)} entries but there are {len(pairs)} images")
-    per_group: dict[int, list[float]] = {}
+    units: list[dict[int, float]] = []
     for idx, (pred, gt) in enumerate(pairs):
         if "alpha0" not in pred:
             raise KeyError(f"image {idx}: prediction dict lacks key 'alpha0' (has {sorted(pred)})")
@@ -108,12 +176,12 @@ def ufm_from_detections(
         matched = pred_to_gt >= 0
         det_group = torch.full_like(pred_to_gt, -1)
         det_group[matched] = groups[pred_to_gt[matched]]
+        unit = {}
         for g in torch.unique(groups[groups >= 0]).tolist():
             sel = det_group == g
-            per_group.setdefault(g, []).append(float(alpha0[sel].mean()) if sel.any() else 0.0)
-    if not per_group:
-        raise ValueError(f"no ground-truth person with a known group in the {len(pairs)} images; UFM undefined")
-    return ufm_from_group_evidence({g: float(np.mean(v)) for g, v in per_group.items()}, evidence_floor, eps)
+            unit[g] = float(alpha0[sel].mean()) if sel.any() else 0.0
+        units.append(unit)
+    return units
 
 
 def ufm_from_samples(alpha0: Any, groups: Any, evidence_floor: float = 1e-3, eps: float = 1e-6) -> UFMResult:
