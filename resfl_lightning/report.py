@@ -177,7 +177,7 @@ def plot_clients(run: RunData, path: Path) -> Path:
         im = ax.imshow(values, aspect="auto", cmap=cmap, interpolation="nearest",
                        extent=(rounds[0] + 0.5, rounds[-1] + 1.5, len(clients) - 0.5, -0.5))
         ax.set_yticks(range(len(clients)), [f"client {c}" for c in clients])
-        if values.size <= 150:  # small grids: print the values, dark text on light cells
+        if len(rounds) <= 10 and len(clients) <= 12:  # room for the values: dark text on light cells
             for (i, j), v in np.ndenumerate(values):
                 if np.isfinite(v):
                     r, g, b, _ = im.cmap(im.norm(v))
