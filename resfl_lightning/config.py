@@ -98,6 +98,9 @@ def validate_config(cfg: DictConfig) -> None:
     _require(ufm.ema_decay is None or 0 <= float(ufm.ema_decay) < 1, "ufm.ema_decay",
              f"must be null or in [0, 1), got {ufm.ema_decay}")
     _require(ufm.gate is None or 0 <= float(ufm.gate) <= 1, "ufm.gate", f"must be null or in [0, 1], got {ufm.gate}")
+    # A config error must stop the run up front: raised inside a client it would look like a client failure.
+    _require(not (ds.get("task") == "classification" and ufm.get("cohorts") == "proxy"), "ufm.cohorts",
+             "'proxy' needs a proxy column, which tabular data does not provide; use groups, cluster or slices")
     _require(int(ufm.get("min_group_persons", 1)) >= 1, "ufm.min_group_persons",
              f"must be >= 1, got {ufm.get('min_group_persons')}")
     _require(float(algo.get("adversary_lr", 1e-3)) > 0, "algorithm.adversary_lr",

@@ -54,3 +54,8 @@ def test_entry_point_rejects_bad_value_before_work(tmp_path: Path):
     assert proc.returncode == 2
     assert "algorithm.beta" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_proxy_cohorts_on_tabular_data_stop_before_any_client_runs():
+    with pytest.raises(ConfigError, match="ufm.cohorts: 'proxy' needs a proxy column"):
+        validate_config(compose_config("dataset=adult", "ufm.cohorts=proxy"))
