@@ -5,6 +5,7 @@ Batches are dicts {"x": float (B, F), "y": long (B,), "groups": long (B,) (-1 = 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -145,8 +146,10 @@ class TabularClient(FederatedClient):
         cohorts, kept = drop_small_cohorts(self.ufm_cohorts(pred), self.ufm.min_group_persons)
         return cohorts if kept >= 2 else None
 
-    def _ufm(self, pred: TabularPredictions) -> UFMResult:
-        cohorts = self._ufm_cohorts_kept(pred)
+    def _ufm(self, pred: TabularPredictions, cohorts: torch.Tensor | None = None) -> UFMResult:
+        """UFM over `cohorts` (computed here when not given; None after `_ufm_cohorts_kept` = too few groups)."""
+        if cohorts is None:
+            cohorts = self._ufm_cohorts_kept(pred)
         if cohorts is None:
             return insufficient_ufm()
         return ufm_from_samples(pred.alpha0, cohorts, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
@@ -155,10 +158,11 @@ class TabularClient(FederatedClient):
         """UFM over the per-sample Dirichlet strength alpha_0 by cohort; utility = accuracy (gated like mAP)."""
         pred = self.collect(loader)
         acc = pred.accuracy
-        cohorts = self._ufm_cohorts_kept(pred)
+        cohorts = self._ufm_cohorts_kept(pred)  # once: label-free cohorts (k-means) are not recomputed for the UFM
         units = None if cohorts is None else [{int(g): float(a)} for g, a in zip(cohorts, pred.alpha0) if g >= 0]
+        ufm = math.nan if cohorts is None else self._ufm(pred, cohorts).ufm
         fair = classification_fairness(pred.y, pred.y_pred, pred.groups)
-        return EvalResult(ufm_raw=float(self._ufm(pred).ufm), utility=acc, utility50=acc,
+        return EvalResult(ufm_raw=float(ufm), utility=acc, utility50=acc,
                           eval_loss=float(pred.losses.mean()), ufm_se=self._ufm_se(units),
                           val_delta_eop=float(fair["delta_eop"]))
 
