@@ -8,6 +8,7 @@ DEVICES ?= 1
 ARGS ?=
 SEEDS ?= 3
 SCENARIO ?= iid
+JOBS ?=
 METHODS ?=
 SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
 
@@ -47,7 +48,7 @@ report: install
 
 table: install
 	$(PY) -m resfl_lightning.table --dataset $(DATASET) --scenario $(SCENARIO) --seeds $(SEEDS) \
-	  $(if $(METHODS),--methods $(METHODS)) $(ARGS)
+	  $(if $(METHODS),--methods $(METHODS)) $(if $(JOBS),--jobs $(JOBS)) $(ARGS)
 
 sweep: install
 	$(VENV)/bin/wandb sweep $(SWEEP)

@@ -1,9 +1,11 @@
 """`make table`: every method x seed on one dataset and scenario, then the comparison table with intervals.
 
     python -m resfl_lightning.table --dataset adult [--methods fedavg,resfl] [--seeds 5] [--scenario iid]
-                                    [--robustness] [--out DIR] [HYDRA_OVERRIDES ...]
+                                    [--jobs 2] [--robustness] [--out DIR] [HYDRA_OVERRIDES ...]
 
-Runs are resumable: a run whose summary.json exists is skipped. Every method gets the same dataset, scenario, model,
+Runs are resumable: a run whose summary.json exists is skipped. `--jobs N` trains N runs at once (one process each,
+one thread per process); a run that fails does not stop the others: the table is written once every run finished,
+and a re-invocation retries the failed ones. Every method gets the same dataset, scenario, model,
 schedule, horizon and overrides; only its `algorithm=` preset (and, for the label-free RESFL rows, the UFM cohort
 mode) differs. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png (and a W&B Table with --wandb).
 """
@@ -14,9 +16,11 @@ import argparse
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from resfl_lightning.compare import compare_runs, load_run, run_privacy_score
@@ -173,6 +177,36 @@ def log_wandb_table(out: Path, project: str) -> None:
     run.finish()
 
 
+def default_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
+    """runs/table-<dataset>-<scenario>, plus the dataset.* overrides (Adult's race and sex tables stay apart)."""
+    tags = [o.split("=", 1)[1] for o in overrides
+            if o.startswith("dataset.") and "=" in o and not o.startswith("dataset.root=")]
+    return Path("runs") / "-".join(["table", dataset, scenario, *tags])
+
+
+def run_all(jobs: list[tuple[str, int, str]], out: Path, args, total: int) -> list[str]:
+    """Train every (method, seed, attack) not finished yet, --jobs at a time; returns the failures' messages."""
+    failures: list[str] = []
+    done = 0
+
+    def one(job):
+        m, s, a = job
+        rd = run_dir_for(out, m, s, a)
+        return rd, run_one(train_command(args.dataset, args.scenario, m, s, rd, a, list(args.overrides)), rd)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, job) for job in jobs]
+        for fut in futures:
+            done += 1
+            try:
+                rd, wall = fut.result()
+                print(f"[{done}/{total}] {rd.name}: {wall:.0f} s", flush=True)
+            except RuntimeError as err:  # one failed run never ends the table
+                failures.append(str(err))
+                print(f"[{done}/{total}] FAILED: {err}", flush=True)
+    return failures
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m resfl_lightning.table", description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="synthetic")
@@ -181,7 +215,10 @@ def parse_args(argv):
                    "whose algorithm preset exists)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
-    p.add_argument("--out", type=Path, default=None, help="default runs/table-<dataset>-<scenario>")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="runs trained at once, each one process (default: one per CPU core)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default runs/table-<dataset>-<scenario>[-<dataset.* overrides>]")
     p.add_argument("--wandb", action="store_true", help="also log the table as a W&B Table (offline)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     return p.parse_args(argv)
@@ -195,15 +232,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
     if BASELINE not in methods:
         methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
-    out = args.out or Path("runs") / f"table-{args.dataset}-{args.scenario}"
+    out = args.out or default_out(args.dataset, args.scenario, list(args.overrides))
     out.mkdir(parents=True, exist_ok=True)
     attacks = ["privacy", *(["byzantine", "poisoning"] if args.robustness else [])]
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     t0 = time.perf_counter()
     jobs = [(m, s, a) for s in range(args.seeds) for m in methods for a in attacks]
-    for i, (m, s, a) in enumerate(jobs, 1):
-        rd = run_dir_for(out, m, s, a)
-        wall = run_one(train_command(args.dataset, args.scenario, m, s, rd, a, list(args.overrides)), rd)
-        print(f"[{i}/{len(jobs)}] {rd.name}: {wall:.0f} s", flush=True)
+    failures = run_all(jobs, out, args, len(jobs))
+    if failures:
+        raise SystemExit(f"{len(failures)} of {len(jobs)} runs failed (re-run the same command to retry them):\n"
+                         + "\n".join(failures))
     per_seed = {m: {s: seed_metrics(out, m, s, args.robustness) for s in range(args.seeds)} for m in methods}
     total = time.perf_counter() - t0
     header = (f"# {args.dataset}, scenario {args.scenario}: {len(methods)} methods x {args.seeds} seeds "

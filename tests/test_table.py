@@ -58,3 +58,29 @@ def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_p
     before = (out / "resfl-s1" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: finished runs are not trained again
     assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
+
+
+def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monkeypatch):
+    import sys
+
+    from resfl_lightning import table
+
+    def fake_command(dataset, scenario, method, seed, run_dir, attack, overrides):
+        code = 3 if (method, seed) == ("resfl", 0) else 0
+        return [sys.executable, "-c", f"import sys; sys.exit({code})"]
+
+    monkeypatch.setattr(table, "train_command", fake_command)
+    out = tmp_path / "t"
+    with pytest.raises(SystemExit, match=r"1 of 4 runs failed[\s\S]*resfl-s0"):
+        table.main(["--dataset", "adult", "--methods", "resfl", "--seeds", "2", "--jobs", "2", "--out", str(out)])
+    finished = sorted(p.parent.name for p in out.glob("*/table_wall_s.json"))
+    assert finished == ["fedavg-s0", "fedavg-s1", "resfl-s1"]  # every other run went on and finished
+
+
+def test_default_out_keeps_dataset_variants_apart():
+    from resfl_lightning.table import default_out
+
+    race = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=race"])
+    sex = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=sex", "seed=1"])
+    assert race.name == "table-adult-iid-race" and sex.name == "table-adult-iid-sex"
+    assert default_out("synthetic", "group_skew", []).name == "table-synthetic-group_skew"
