@@ -84,3 +84,21 @@ def test_default_out_keeps_dataset_variants_apart():
     sex = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=sex", "seed=1"])
     assert race.name == "table-adult-iid-race" and sex.name == "table-adult-iid-sex"
     assert default_out("synthetic", "group_skew", []).name == "table-synthetic-group_skew"
+
+
+def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: Path):
+    from helpers import compose_config
+
+    from resfl_lightning.config import validate_config
+    from resfl_lightning.table import METHODS, train_command
+
+    for attack, enabled in (("privacy", ["mia", "aia", "eod"]), ("byzantine", ["byzantine", "eod"])):
+        cmd = train_command("synthetic", "group_skew", "resfl_af_cluster", 2, tmp_path / "r", attack, ["seed=7"])
+        overrides = cmd[cmd.index("resfl_lightning.train") + 1:]
+        cfg = compose_config(*overrides)
+        validate_config(cfg)
+        assert list(cfg.attack.enabled) == enabled
+        assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
+        assert cfg.seed == 7  # the user's overrides come last and win
+    assert set(METHODS) >= {"fedavg", "resfl", "fairfed", "fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre",
+                            "privfairfl_post", "curvfed", "fedsam", "fedswa"}
