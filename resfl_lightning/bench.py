@@ -1,6 +1,12 @@
-"""Benchmarks (make bench): step-time ratios of the composite losses and aggregation cost, measured in one run.
+"""Benchmarks (make bench), measured in one run: step-time ratios of the composite losses, aggregation cost, a
+federated round of the train entry point against a plain loop, the DEVICES=2 speed-up and the time to the first
+local step (bench_round.py), and peak RSS for 4 / 100 / 1,000 virtual clients (bench_scale.py).
 
     python -m resfl_lightning.bench [--scale n] [--image-size 128] [--batch 16] [--steps 10] [--clients 8]
+                                    [--round-rounds 2] [--scale-rounds 3] [--quick]
+
+--quick runs every part at a tiny size (a femto detector at 64 px, 1 round, 4 and 20 virtual clients on 2,000 rows):
+a smoke test of the machinery, not a measurement.
 """
 
 from __future__ import annotations
@@ -84,7 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--scale-rounds", type=int, default=3, help="rounds per virtual-client run (0 skips that part)")
+    p.add_argument("--round-rounds", type=int, default=2,
+                   help="rounds of the entry-point runs (the last is measured; 0 skips the round part)")
+    p.add_argument("--quick", action="store_true", help="every part at a tiny size (a smoke test, not a measurement)")
     args = p.parse_args(argv)
+    scale_counts, scale_rows = (4, 100, 1000), None
+    if args.quick:
+        args.scale, args.image_size, args.batch, args.steps, args.clients = "femto", 64, 2, 2, 2
+        args.scale_rounds, args.round_rounds = min(args.scale_rounds, 1), min(args.round_rounds, 1)
+        scale_counts, scale_rows = (4, 20), 2000
     torch.set_num_threads(1)
     batch = synthetic_batch(args.image_size, args.batch)
     console = Console()
@@ -105,10 +119,16 @@ def main(argv: list[str] | None = None) -> None:
     agg.add_row("accumulator size / |theta| (fp32)", f"{mem_units:.1f}x (independent of client count)")
     agg.add_row("throughput (client deltas folded per second)", f"{1 / per_client:,.0f}")
     console.print(agg)
-    if args.scale_rounds > 0:  # issue 11: RSS and step time for 4 / 100 / 1,000 clients at 10 % participation
-        from resfl_lightning.bench_scale import measure, table
+    if args.round_rounds > 0:  # issue 11: round overhead vs a plain loop, DEVICES=2 speed-up, time to first step
+        from resfl_lightning import bench_round
 
-        console.print(table(measure(fraction=0.1, rounds=args.scale_rounds)))
+        console.print(bench_round.table(bench_round.measure(quick=args.quick, rounds=args.round_rounds)))
+    if args.scale_rounds > 0:  # issue 11: RSS and step time for 4 / 100 / 1,000 clients at 10 % participation
+        from resfl_lightning import bench_scale
+
+        rows = {} if scale_rows is None else {"rows": scale_rows}
+        console.print(bench_scale.table(bench_scale.measure(scale_counts, fraction=0.1, rounds=args.scale_rounds,
+                                                            **rows)))
 
 
 if __name__ == "__main__":

@@ -22,20 +22,21 @@ from pathlib import Path
 ROWS, FEATURES, GROUPS = 30162, 105, 5
 
 
-def _data(num_clients: int):
+def _data(num_clients: int, rows: int = ROWS):
     import numpy as np
     from omegaconf import OmegaConf
 
     from resfl_lightning.data.tabular import federated_tabular_data
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-    s = rng.integers(0, GROUPS, ROWS)
+    x = rng.normal(size=(rows, FEATURES)).astype(np.float32)
+    s = rng.integers(0, GROUPS, rows)
     y = (x[:, 0] + 0.3 * s > 0.5).astype(np.int64)
     cfg = OmegaConf.create({"name": "bench", "num_clients": num_clients, "reserve_fraction": 0.0, "val_fraction": 0.1,
                             "partition": "iid", "dirichlet_alpha": 0.5, "batch_size": 32, "eval_batch_size": 2048,
                             "test_fraction": 0.0})
-    return federated_tabular_data(x, y, s, x[:2000], y[:2000], s[:2000], num_groups=GROUPS, cfg=cfg, seed=0)
+    test = min(2000, rows)
+    return federated_tabular_data(x, y, s, x[:test], y[:test], s[:test], num_groups=GROUPS, cfg=cfg, seed=0)
 
 
 def _client():
@@ -53,33 +54,48 @@ class _Times:
         self.rounds.append({k: v for k, v in metrics.items() if k.startswith(("time/", "round/"))})
 
 
-def plain_loop_seconds(data, clients: list[int], round_idx: int, seed: int = 0) -> float:
-    """The same clients' local steps (same batches, same optimisers) without the federation around them."""
+def plain_loop_seconds(fed, round_idx: int) -> tuple[float, int]:
+    """The round's local steps in a plain PyTorch loop: the same client module, loss, optimiser, lr and clipping, on
+    the same batches (the loaders with the clients' round seeds, materialised before the clock starts); no Fabric,
+    no federation. One untimed warm-up step first. Returns (seconds, steps)."""
     import torch
 
     from resfl_lightning.federation.orchestrator import client_seed
 
-    client = _client()
-    total = 0.0
-    for cid in clients:
+    s = fed.settings
+    client = fed.client_factory()
+    client.train()
+    total, steps, warm = 0.0, 0, False
+    for cid in fed.participants(round_idx):
         client.begin_client(cid, round_idx)
         opts = [client.configure_optimizers(), *client.local_optimizers()]
-        client.train()
-        batches = list(data.train_loader(cid, seed=client_seed(seed, round_idx, cid)))
-        t0 = time.perf_counter()
-        for i, batch in enumerate(batches):
-            loss = client.training_step(batch, i)
-            for o in opts:
-                o.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(client.shared_parameters(), 10.0)
-            for o in opts:
-                o.step()
-        total += time.perf_counter() - t0
-    return total
+        for group in opts[0].param_groups:
+            group["lr"] = group["lr"] * s.lr_factor(round_idx)
+        clip = client.optim.grad_clip
+        seed = client_seed(s.seed, round_idx, cid)
+        for epoch in range(s.local_epochs):
+            batches = list(fed.data.train_loader(cid, seed=seed + epoch))
+            timed = [(True, i, b) for i, b in enumerate(batches)]
+            if not warm:
+                timed.insert(0, (False, 0, batches[0]))
+                warm = True
+            for counted, i, batch in timed:
+                t0 = time.perf_counter()
+                loss = client.training_step(batch, i)
+                for o in opts:
+                    o.zero_grad(set_to_none=True)
+                loss.backward()
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(client.shared_parameters(), clip)
+                for o in opts:
+                    o.step()
+                if counted:
+                    total += time.perf_counter() - t0
+                    steps += 1
+    return total, steps
 
 
-def child(num_clients: int, fraction: float, rounds: int) -> dict:
+def child(num_clients: int, fraction: float, rounds: int, rows: int = ROWS) -> dict:
     import lightning as L
     import torch
 
@@ -87,7 +103,7 @@ def child(num_clients: int, fraction: float, rounds: int) -> dict:
     from resfl_lightning.federation.orchestrator import Federation, FederationSettings
 
     torch.set_num_threads(1)
-    data = _data(num_clients)
+    data = _data(num_clients, rows)
     times = _Times()
     with tempfile.TemporaryDirectory() as run_dir:
         fed = Federation(fabric=L.Fabric(accelerator="cpu", devices=1, callbacks=[times]), client_factory=_client,
@@ -97,12 +113,12 @@ def child(num_clients: int, fraction: float, rounds: int) -> dict:
         fed.fit()
         sampled = fed.participants(rounds - 1)
         last = times.rounds[-1]
-        plain = plain_loop_seconds(data, sampled, rounds - 1)
+        plain, _ = plain_loop_seconds(fed, rounds - 1)
         stored = len(list((Path(run_dir) / "checkpoints" / "clients").glob("client_*.pt")))
     return {"clients": num_clients, "sampled": len(sampled), "steps": last["time/steps"],
             "train_s": last["time/train"], "validate_s": last["time/validate"], "plain_s": plain,
             "s_per_step": last["time/train"] / max(last["time/steps"], 1), "states_on_disk": stored,
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), "rows": rows}
 
 
 def peak_rss_mb() -> float:
@@ -116,11 +132,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(counts=(4, 100, 1000), fraction: float = 0.1, rounds: int = 3) -> list[dict]:
+def measure(counts=(4, 100, 1000), fraction: float = 0.1, rounds: int = 3, rows: int = ROWS) -> list[dict]:
     out = []
     for n in counts:
         proc = subprocess.run([sys.executable, "-m", "resfl_lightning.bench_scale", "--child", str(n),
-                               "--fraction", str(fraction), "--rounds", str(rounds)],
+                               "--fraction", str(fraction), "--rounds", str(rounds), "--rows", str(rows)],
                               capture_output=True, text=True, check=True)
         out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return out
@@ -130,7 +146,8 @@ def table(rows: list[dict]):
     from rich.table import Table
 
     base = rows[0]
-    t = Table(title=f"N virtual clients, k sampled per round, one process ({ROWS:,} Adult-shaped rows, RESFL "
+    t = Table(title=f"N virtual clients, k sampled per round, one process ({base.get('rows', ROWS):,} Adult-shaped "
+                    "rows, RESFL "
                     "TabularNet; last round; 'vs plain' = local-training time / the same steps in a plain loop)")
     for col in ("N", "k", "steps", "s/step", "vs N=4", "vs plain", "states", "RSS MB", "RSS vs N=4"):
         t.add_column(col, justify="right")
@@ -146,13 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--fraction", type=float, default=0.1)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=ROWS, help="rows of the Adult-shaped table")
+    p.add_argument("--counts", type=int, nargs="+", default=[4, 100, 1000], help="numbers of virtual clients")
     args = p.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.fraction, args.rounds)))
+        print(json.dumps(child(args.child, args.fraction, args.rounds, args.rows)))
         return
     from rich.console import Console
 
-    Console().print(table(measure(fraction=args.fraction, rounds=args.rounds)))
+    Console().print(table(measure(tuple(args.counts), fraction=args.fraction, rounds=args.rounds, rows=args.rows)))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def federation_settings(cfg: DictConfig) -> FederationSettings:
         client_state_memory_mb=f.get("client_state_memory_mb", 256.0),
         relative_gate_k=float(cfg.ufm.gate_mad_k) if cfg.ufm.get("gate_mode", "absolute") == "relative" else None,
         clients_per_round=f.get("clients_per_round"), min_clients=int(f.get("min_clients", 1)),
+        max_skipped_rounds=None if f.get("max_skipped_rounds") is None else int(f.max_skipped_rounds),
         fail_clients=tuple(str(x) for x in cfg.debug.get("fail_clients") or ()),
         kill_rank=cfg.debug.get("kill_rank"), kill_round=int(cfg.debug.get("kill_round", 0)),
     )

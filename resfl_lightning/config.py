@@ -39,6 +39,7 @@ NUMERIC_KEYS: dict[str, tuple[type, bool]] = {
     "eval.every": (int, False), "optim.lr": (float, False), "optim.momentum": (float, False),
     "optim.weight_decay": (float, False), "optim.grad_clip": (float, True),
     "debug.kill_rank": (int, True), "debug.kill_round": (int, False), "seed": (int, False),
+    "federation.max_skipped_rounds": (int, True),
 }
 
 
@@ -54,6 +55,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "optim.momentum": (0, None, True, True), "optim.weight_decay": (0, None, True, True),
     "optim.grad_clip": (0, None, False, True), "fabric.num_nodes": (1, None, True, True),
     "debug.kill_round": (0, None, True, True), "debug.kill_rank": (0, None, True, True), "seed": (0, None, True, True),
+    "federation.max_skipped_rounds": (0, None, True, True),
 }
 
 

@@ -39,6 +39,8 @@ def test_default_config_is_valid_and_resolves():
         ("ufm.ema_decay=1.5", "ufm.ema_decay"),
         ("federation.rounds=0", "federation.rounds"),
         ("dataset.extra_reserve_images=-3", "dataset.extra_reserve_images"),
+        ("federation.max_skipped_rounds=-1", "federation.max_skipped_rounds"),
+        ("federation.max_skipped_rounds=1.5", "federation.max_skipped_rounds"),
     ],
 )
 def test_bad_values_name_the_key(override: str, key: str):

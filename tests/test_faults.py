@@ -12,6 +12,7 @@ import torch
 from federation_helpers import run_federation
 
 from resfl_lightning.federation.faults import ClientDroppedWarning, ClientFault, FaultPlan, check_update
+from resfl_lightning.federation.orchestrator import FederationSettings, TooManySkippedRounds, skipped_in_a_row
 from resfl_lightning.types import ClientReport
 
 # fault -> text the drop warning must contain (the reason the client was left out)
@@ -88,6 +89,43 @@ def test_every_client_failing_every_round_ends_normally_with_theta_unchanged(tmp
     assert [m["round/skipped"] for m in rec.metrics] == [1.0, 1.0]
     assert torch.equal(rec.thetas[0], rec.thetas[1]) and torch.isfinite(state.theta).all()
     assert torch.load(fed.checkpoint_path, weights_only=True)["round_idx"] == 1
+
+
+def test_too_many_skipped_rounds_in_a_row_end_the_run_naming_them(tmp_path):
+    every_round = ("0:*:raise", "1:*:nan_loss")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TooManySkippedRounds, match=r"^rounds 0-2: 3 round\(s\) in a row skipped, more than "
+                                                       r"federation\.max_skipped_rounds=2.*Last reason: 0 client"):
+            run_federation(tmp_path, num_clients=2, rounds=6, max_skipped_rounds=2, fail_clients=every_round)
+        saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+        assert saved["round_idx"] == 2  # the last skipped round's checkpoint is written before the run stops
+        # resume keeps counting (the streak is in the checkpoint): the next skipped round stops it again
+        with pytest.raises(TooManySkippedRounds, match=r"^rounds 0-3: 4 round\(s\) in a row"):
+            run_federation(tmp_path, num_clients=2, rounds=6, max_skipped_rounds=2, fail_clients=every_round,
+                           resume=True)
+
+
+@pytest.mark.parametrize("limit, stops", [(None, False), (1, False), (0, True)])
+def test_an_applied_round_resets_the_skipped_count(tmp_path, limit, stops):
+    faults = ("0:0:raise", "1:0:raise", "0:2:raise", "1:2:raise")  # rounds 0 and 2 skipped, round 1 applied
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if stops:
+            with pytest.raises(TooManySkippedRounds, match=r"^round 0: 1 round\(s\) in a row skipped, more than "
+                                                           r"federation\.max_skipped_rounds=0"):
+                run_federation(tmp_path, num_clients=2, rounds=3, max_skipped_rounds=limit, fail_clients=faults)
+            return
+        _, state, rec = run_federation(tmp_path, num_clients=2, rounds=3, max_skipped_rounds=limit,
+                                       fail_clients=faults)
+    assert [m["round/skipped"] for m in rec.metrics] == [1.0, 0.0, 1.0]
+    assert skipped_in_a_row(state) == 1
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_max_skipped_rounds_is_checked(value):
+    with pytest.raises(ValueError, match="federation.max_skipped_rounds"):
+        FederationSettings(max_skipped_rounds=value)
 
 
 def _report(**kw) -> ClientReport:

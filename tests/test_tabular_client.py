@@ -279,8 +279,16 @@ def test_bad_batches_raise():
     client = make_client()
     batch = {"x": torch.randn(4, NUM_FEATURES), "y": torch.tensor([0, 1, 2, 0]), "groups": torch.zeros(4).long(),
              "index": torch.arange(4)}
-    with pytest.raises(ValueError, match="labels"):
-        client.training_step(batch, 0)
+    with pytest.raises(ValueError, match="labels"):  # evaluation checks on the host, at once
+        client.collect([batch])
+    # The training step checks the label range on the device (no host read per step): the local loop raises at the
+    # epoch's end (tests/test_step_path.py); the step itself records the failing batch and never feeds the bad label
+    # to one_hot.
+    client.begin_client(0, 0)
+    assert torch.isfinite(client.training_step(batch, 3))
+    checks = {k: (int(c.first), c.detail.tolist()) for k, c in client.take_batch_checks().items()}
+    assert checks["tabular batch: labels must lie in 0..1, got min, max"] == (3, [0, 2])
+    assert [first for first, _ in checks.values()].count(-1) == len(checks) - 1  # the group check passed
     batch["y"] = torch.tensor([0, 1, 1])
     with pytest.raises(ValueError, match="batch dimension"):
         client.training_step(batch, 0)

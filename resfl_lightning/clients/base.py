@@ -122,6 +122,23 @@ class OptimSettings:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
 
 
+def first_failure(first: torch.Tensor | None, failed: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    """The first batch index at which `failed` (a 0-d bool tensor) held, -1 while none has: kept on the device,
+    so a per-step check costs no host synchronisation (the local loop reads it once per epoch)."""
+    failed = failed.detach().reshape(())
+    if first is None:
+        return torch.where(failed, batch_idx, -1)
+    return torch.where((first < 0) & failed, batch_idx, first)
+
+
+@dataclass
+class BatchCheck:
+    """A per-step input check kept on the device: the first failing batch (-1: none) and what it held then."""
+
+    first: torch.Tensor
+    detail: torch.Tensor | None = None
+
+
 @dataclass
 class EvalResult:
     """What a client's validation pass measured (before it becomes a ClientReport)."""
@@ -154,6 +171,7 @@ class FederatedClient(L.LightningModule):
         self.client_id = -1
         self._loss_sums: dict[str, torch.Tensor] = {}  # on the module's device; read back by mean_losses
         self._loss_count = 0
+        self._batch_checks: dict[str, BatchCheck] = {}  # problem -> first failing batch, on the device
         self._ufm_ema = math.nan
         self.relative_gate: float | None = None  # set by the orchestrator each round when ufm.gate_mode=relative
         self._adv_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -255,6 +273,7 @@ class FederatedClient(L.LightningModule):
     def begin_client(self, client_id: int, round_idx: int) -> None:
         self.client_id, self.round_idx = client_id, round_idx
         self._loss_sums, self._loss_count = {}, 0
+        self._batch_checks = {}
         if self.upload_transform is not None:
             self.upload_transform.begin(self)
 
@@ -288,11 +307,41 @@ class FederatedClient(L.LightningModule):
             return []
         return [self.adversary_settings.build(self.local_parameters())]
 
-    def adversary_loss(self, features: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        """The adversary's CE through the GRL (scale lambda_priv); remembers its inputs for extra phi steps."""
+    # --- input checks of the training step, without a host read per step (issue 11) ------------------------------
+    def check_batch(self, failed: torch.Tensor, batch_idx: int, problem: str,
+                    detail: torch.Tensor | None = None) -> None:
+        """Records on the device whether batch `batch_idx` failed the check `problem` (a fixed text) and, for the
+        first failing batch, `detail` (a small tensor of the offending values). The local loop reads every check
+        with its once-per-epoch read-back and raises a ValueError naming client, round, epoch and batch."""
+        prev = self._batch_checks.get(problem)
+        first = first_failure(None if prev is None else prev.first, failed, batch_idx)
+        kept = None if prev is None else prev.detail
+        if detail is not None:
+            detail = detail.detach().reshape(-1)
+            if kept is not None:  # keep the first failing batch's values
+                detail = torch.where(first == batch_idx, detail, kept)
+        self._batch_checks[problem] = BatchCheck(first, kept if detail is None else detail)
+
+    def take_batch_checks(self) -> dict[str, BatchCheck]:
+        """The checks recorded since the last call (the local loop takes them at every epoch's end)."""
+        checks, self._batch_checks = self._batch_checks, {}
+        return checks
+
+    def adversary_loss(self, features: torch.Tensor, groups: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """The adversary's CE through the GRL (scale lambda_priv); remembers its inputs for extra phi steps.
+
+        A group index >= num_groups is checked on the device (`check_batch`; the epoch's end raises) and left out
+        of the CE meanwhile: it never reaches cross_entropy, where a GPU would stop on a device-side assert."""
         self.adversary.grl_scale = self.reversal_scale
-        self._adv_inputs = (features.detach(), groups.detach())
-        return adversarial_loss(self.adversary, features, groups)
+        groups = groups.detach().reshape(-1).long()
+        n = self.adversary.num_groups
+        out_of_range = groups >= n
+        self.check_batch(out_of_range.any(), batch_idx,
+                         f"group labels must lie in -1..{n - 1} (-1 = unknown; the adversary has {n} groups), got max",
+                         detail=groups.max().reshape(1) if groups.numel() else None)
+        groups = groups.masked_fill(out_of_range, -1)
+        self._adv_inputs = (features.detach(), groups)
+        return adversarial_loss(self.adversary, features, groups, check=False)
 
     def extra_adversary_steps(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """adversary_steps - 1 more phi updates on this step's detached features (theta untouched)."""
@@ -302,7 +351,7 @@ class FederatedClient(L.LightningModule):
         for _ in range(self.adversary_settings.steps - 1):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
-            adversarial_loss(self.adversary, features, groups).backward()
+            adversarial_loss(self.adversary, features, groups, check=False).backward()
             for opt in optimizers:
                 opt.step()
         self._adv_inputs = None

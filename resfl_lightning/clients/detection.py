@@ -49,6 +49,7 @@ class DetectionClient(FederatedClient):
                                    hidden=self.adversary_settings.hidden, grl_scale=self.reversal_scale)
         self.criterion = EvidentialDetectionLoss(self.model)
         self.map_conf, self.max_det = map_conf, max_det
+        self._strides = [int(s) for s in self.model.strides.tolist()]  # fixed by the architecture: read once here
 
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
         return self.model.head_parameters if self.weights.curv_params == "head" else list(self.model.parameters())
@@ -57,8 +58,8 @@ class DetectionClient(FederatedClient):
         """h: neck features ROI-aligned at each ground-truth person box and average-pooled (one row per person)."""
         image_hw = tuple(batch["img"].shape[2:])
         boxes = gt_boxes_xyxy(batch, image_hw)
-        strides = [int(s) for s in self.model.strides.tolist()]
-        return roi_pool_features(feats, strides, boxes, batch["batch_idx"].long())
+        # batch_idx comes from detection_collate (0..B-1 by construction): no per-step host check of its range.
+        return roi_pool_features(feats, self._strides, boxes, batch["batch_idx"].long(), check_batch_idx=False)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["img"])
@@ -70,7 +71,7 @@ class DetectionClient(FederatedClient):
         h = self.person_features(out["feats"], batch) if has_persons and (w.lambda_priv > 0 or w.w_fair > 0) \
             else None
         if w.lambda_priv > 0 and has_persons:
-            adv = self.adversary_loss(h, batch["groups"])
+            adv = self.adversary_loss(h, batch["groups"], batch_idx)
         else:
             adv = res.task * 0.0
         fair = None

@@ -79,22 +79,38 @@ class TabularClient(FederatedClient):
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
         return self.model.head_parameters if self.weights.curv_params == "head" else list(self.model.parameters())
 
-    def _check_batch(self, batch: dict) -> None:
+    def _check_shapes(self, batch: dict) -> None:
         x, y = batch["x"], batch["y"]
         if y.shape != (x.shape[0],) or batch["groups"].shape != y.shape:
             raise ValueError(f"tabular batch: x {tuple(x.shape)}, y {tuple(y.shape)} and groups "
                              f"{tuple(batch['groups'].shape)} must share the batch dimension")
+
+    def _check_batch(self, batch: dict) -> None:
+        """Shapes and label range, read on the host (evaluation: its outputs are read back per batch anyway)."""
+        self._check_shapes(batch)
+        y = batch["y"]
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
             raise ValueError(f"tabular batch: labels must lie in 0..{self.num_classes - 1}, got {y.unique().tolist()}")
 
+    def _checked_labels(self, y: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """The training step's label check, on the device (the local loop raises at the epoch's end, naming client
+        and batch); meanwhile a bad label is clamped so that it never reaches one_hot, where a GPU would stop on a
+        device-side assert."""
+        c = self.num_classes
+        if y.numel():
+            self.check_batch(((y < 0) | (y >= c)).any(), batch_idx,
+                             f"tabular batch: labels must lie in 0..{c - 1}, got min, max",
+                             detail=torch.stack([y.min(), y.max()]))
+        return y.clamp(0, c - 1)
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        self._check_batch(batch)
+        self._check_shapes(batch)  # shapes only: no host read per step
         out = self.model(batch["x"])
-        y, groups = batch["y"], batch["groups"]
+        y, groups = self._checked_labels(batch["y"], batch_idx), batch["groups"]
         onehot = F.one_hot(y, self.num_classes).to(out.alpha.dtype)
         nll = dirichlet_nll(out.alpha, onehot)
         task = nll.mean()
-        adv = self.adversary_loss(out.features, groups) if self.weights.lambda_priv > 0 else task * 0.0
+        adv = self.adversary_loss(out.features, groups, batch_idx) if self.weights.lambda_priv > 0 else task * 0.0
         kl = dirichlet_kl_uniform(out.alpha, onehot)
         correct = out.alpha.argmax(dim=-1) == y
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.

@@ -7,24 +7,28 @@ from collections.abc import Callable, Iterable
 import lightning as L
 import torch
 
-from resfl_lightning.clients.base import FederatedClient
+from resfl_lightning.clients.base import FederatedClient, first_failure
 
 
 @torch.no_grad()
 def sam_ascent(params: list[torch.nn.Parameter], rho: float) -> list[torch.Tensor] | None:
     """SAM's first step (Foret et al. 2021): move theta to theta + rho g/||g||; returns the offsets to undo.
 
-    Scaled (AMP) gradients give the same direction, so no unscaling is needed; a non-finite norm skips the ascent
-    and the step then behaves like plain SGD (the AMP scaler will skip it anyway)."""
+    Scaled (AMP) gradients give the same direction, so no unscaling is needed. A zero or non-finite norm makes every
+    offset zero (decided on the device: no host read per step), so the second pass is taken at theta itself and the
+    step behaves like plain SGD (with a non-finite gradient the AMP scaler skips it anyway)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-    if not torch.isfinite(norm) or norm == 0:
-        return None
+    usable = torch.isfinite(norm) & (norm > 0)
+    scale = torch.where(usable, rho / norm, torch.zeros_like(norm))
     offsets = []
     for p in params:
-        e = torch.zeros_like(p) if p.grad is None else p.grad * (rho / norm).to(p.dtype)
+        if p.grad is None:
+            e = torch.zeros_like(p)
+        else:  # where(), not a product with 0: a NaN or inf gradient times 0 would still be NaN
+            e = torch.where(usable, p.grad * scale.to(p.dtype), torch.zeros_like(p))
         p.add_(e)
         offsets.append(e)
     return offsets
@@ -47,6 +51,7 @@ def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: I
     optimizers = [optimizer, *local_optimizers]
     shared = client.shared_parameters() if sam_rho > 0 else []
     norms = []
+    client.take_batch_checks()  # this epoch's checks only (a step taken outside the loop may have left some)
     bad = None  # index of the first batch with a non-finite loss, kept on the device (no per-step host sync)
     for batch_idx, batch in enumerate(batches):
         batch = fabric.to_device(batch)
@@ -76,14 +81,29 @@ def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: I
         for opt in optimizers:
             opt.step()
         client.extra_adversary_steps([getattr(o, "optimizer", o) for o in local_optimizers])
-    if bad is not None and int(bad) >= 0:  # the epoch's one read-back
-        raise FloatingPointError(f"{name}, batch {int(bad)}: non-finite loss (running means: {client.mean_losses()})")
+    raise_failed_checks(client, bad, name)
     return torch.stack(norms).tolist() if norms else []
 
 
+def raise_failed_checks(client: FederatedClient, bad_loss: torch.Tensor | None, name: str) -> None:
+    """The epoch's one read-back of its device-side checks: the clients' input checks (FederatedClient.check_batch:
+    labels, group indices) raise a ValueError, then a non-finite loss a FloatingPointError; each names `name` (client,
+    round, epoch) and the first failing batch."""
+    checks = client.take_batch_checks()
+    firsts = [c.first for c in checks.values()] + ([] if bad_loss is None else [bad_loss])
+    if not firsts:
+        return
+    read = torch.stack([f.to(firsts[0].device) for f in firsts]).tolist()
+    for (problem, check), batch in zip(checks.items(), read):
+        if batch >= 0:  # an error path: reading the offending values back costs nothing that matters
+            values = "" if check.detail is None else ": " + ", ".join(str(v) for v in check.detail.tolist())
+            raise ValueError(f"{name}, batch {batch}: {problem}{values}")
+    if bad_loss is not None and read[-1] >= 0:
+        raise FloatingPointError(f"{name}, batch {read[-1]}: non-finite loss (running means: {client.mean_losses()})")
+
+
 def _first_nonfinite(bad: torch.Tensor | None, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
-    nonfinite = ~torch.isfinite(loss.detach())
-    return torch.where(nonfinite, batch_idx, -1) if bad is None else torch.where((bad < 0) & nonfinite, batch_idx, bad)
+    return first_failure(bad, ~torch.isfinite(loss.detach()), batch_idx)
 
 
 def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Callable[[int], Iterable],

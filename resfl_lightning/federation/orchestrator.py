@@ -40,6 +40,10 @@ class SimulatedCrash(RuntimeError):
     """Raised after a checkpoint when debug.crash_after_round is set (to test resume)."""
 
 
+class TooManySkippedRounds(RuntimeError):
+    """More than federation.max_skipped_rounds rounds in a row were skipped (their quorum failed)."""
+
+
 @dataclass
 class FederationSettings:
     rounds: int = 20
@@ -67,6 +71,7 @@ class FederationSettings:
     relative_gate_k: float | None = None  # ufm.gate_mode=relative: the k of median - k MAD (None: absolute gate)
     clients_per_round: int | float | None = None  # None: every client; a count; or a fraction in (0, 1]
     min_clients: int = 1  # quorum: a round with fewer aggregated clients is skipped (theta_G unchanged)
+    max_skipped_rounds: int | None = None  # more skipped rounds in a row than this end the run (None: no limit)
     fail_clients: tuple[str, ...] = ()  # debug.fail_clients fault injection ("<client>:<round|*>:<fault>")
     kill_rank: int | None = None  # debug: this rank SIGKILLs itself at the start of kill_round
     kill_round: int = 0
@@ -74,6 +79,9 @@ class FederationSettings:
     def __post_init__(self) -> None:
         if isinstance(self.min_clients, bool) or int(self.min_clients) != self.min_clients or self.min_clients < 1:
             raise ValueError(f"federation.min_clients must be an integer >= 1, got {self.min_clients!r}")
+        limit = self.max_skipped_rounds
+        if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 0):
+            raise ValueError(f"federation.max_skipped_rounds must be an integer >= 0 or null, got {limit!r}")
         if self.rounds < 1:
             raise ValueError(f"federation.rounds must be >= 1, got {self.rounds}")
         if self.local_epochs < 1:
@@ -116,6 +124,7 @@ def client_seed(seed: int, round_idx: int, client_id: int) -> int:
 
 
 RELATIVE_GATE_KEY = "relative_gate"
+SKIPPED_STREAK_KEY = "skipped_rounds_in_a_row"  # in ServerState.extra (so resume keeps counting); absent when 0
 
 
 def client_init_seed(seed: int, client_id: int) -> int:
@@ -309,6 +318,7 @@ class Federation:
         if skip is not None and fabric.is_global_zero:
             warnings.warn(f"round {round_idx}: skipped, theta_G unchanged: {skip}", RuntimeWarning, stacklevel=2)
         state = replace(state, round_idx=round_idx, theta=theta)
+        state = self._count_skipped(state, skip is not None)
         state = self._update_swa(state, round_idx)
         state = self._next_relative_gate(state, reports)
         times.aggregate = time.perf_counter() - t0
@@ -339,7 +349,28 @@ class Federation:
         PROGRESS.saved_round, PROGRESS.checkpoint = round_idx, str(self.checkpoint_path)
         if s.crash_after_round is not None and round_idx == s.crash_after_round:
             raise SimulatedCrash(f"simulated crash after round {round_idx} (debug.crash_after_round)")
+        self._stop_after_too_many_skipped(state, round_idx, skip)
         return state
+
+    @staticmethod
+    def _count_skipped(state: ServerState, skipped: bool) -> ServerState:
+        """Rounds skipped in a row so far (kept in the checkpoint, so a resumed run goes on counting)."""
+        extra = {k: v for k, v in state.extra.items() if k != SKIPPED_STREAK_KEY}
+        if skipped:
+            extra[SKIPPED_STREAK_KEY] = torch.tensor(skipped_in_a_row(state) + 1, dtype=torch.int64)
+        return replace(state, extra=extra)
+
+    def _stop_after_too_many_skipped(self, state: ServerState, round_idx: int, skip: str | None) -> None:
+        """federation.max_skipped_rounds: every rank stops (after the round's checkpoint) once more rounds than the
+        limit have been skipped in a row; the error names them and the last reason."""
+        limit, streak = self.settings.max_skipped_rounds, skipped_in_a_row(state)
+        if limit is None or streak <= limit:
+            return
+        first = round_idx - streak + 1
+        rounds = f"round {first}" if streak == 1 else f"rounds {first}-{round_idx}"
+        raise TooManySkippedRounds(
+            f"{rounds}: {streak} round(s) in a row skipped, more than federation.max_skipped_rounds={limit}; the run "
+            f"stops (round {round_idx}'s checkpoint is saved, resume=true continues). Last reason: {skip}")
 
     def _prepare_aggregator(self, client: FederatedClient, layout: FlatLayout, state: ServerState,
                             round_idx: int) -> ServerState:
@@ -377,6 +408,12 @@ class Federation:
         n = state.swa_count
         swa = state.theta.clone() if state.swa is None else state.swa + (state.theta - state.swa) / (n + 1)
         return replace(state, swa=swa, swa_count=n + 1)
+
+
+def skipped_in_a_row(state: ServerState) -> int:
+    """How many rounds up to state.round_idx were skipped in a row (0 when the last one was applied)."""
+    streak = state.extra.get(SKIPPED_STREAK_KEY)
+    return 0 if streak is None else int(streak)
 
 
 class BestEpoch:

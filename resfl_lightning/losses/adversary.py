@@ -46,12 +46,16 @@ class Adversary(nn.Module):
         return self.mlp(self.grl(h))
 
 
-def adversarial_loss(adversary: Adversary, features: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the adversary over samples with a known group (>= 0); graph-connected 0 when none."""
+def adversarial_loss(adversary: Adversary, features: torch.Tensor, groups: torch.Tensor,
+                     check: bool = True) -> torch.Tensor:
+    """Mean cross-entropy of the adversary over samples with a known group (>= 0); graph-connected 0 when none.
+
+    `check=False` skips the range check of the group labels (a host read): for callers that have checked them on the
+    device already (the training step, FederatedClient.adversary_loss)."""
     groups = groups.reshape(-1).long()
     if features.shape[0] != groups.shape[0]:
         raise ValueError(f"adversarial_loss: {features.shape[0]} feature rows but {groups.shape[0]} group labels")
-    if groups.numel() and int(groups.max()) >= adversary.num_groups:
+    if check and groups.numel() and int(groups.max()) >= adversary.num_groups:
         raise ValueError(
             f"adversarial_loss: group index {int(groups.max())} out of range for {adversary.num_groups} groups"
         )
@@ -69,8 +73,12 @@ def roi_pool_features(
     boxes_xyxy_pixels: torch.Tensor,
     batch_idx: torch.Tensor,
     output_size: int = 7,
+    check_batch_idx: bool = True,
 ) -> torch.Tensor:
-    """ROIAlign each box at every level (scale 1/stride, aligned), global-average-pool, concat levels: (M, sum C_l)."""
+    """ROIAlign each box at every level (scale 1/stride, aligned), global-average-pool, concat levels: (M, sum C_l).
+
+    `check_batch_idx=False` skips the range check of batch_idx (a host read per call) where the caller built it
+    (detection_collate numbers each batch's images 0..B-1)."""
     if len(feature_maps) == 0 or len(feature_maps) != len(strides):
         raise ValueError(f"roi_pool_features: {len(feature_maps)} feature maps but {len(strides)} strides")
     if boxes_xyxy_pixels.dim() != 2 or boxes_xyxy_pixels.shape[1] != 4:
@@ -81,7 +89,7 @@ def roi_pool_features(
             f"roi_pool_features: {boxes_xyxy_pixels.shape[0]} boxes but {batch_idx.shape[0]} batch indices"
         )
     batch_size = feature_maps[0].shape[0]
-    if batch_idx.numel() and (int(batch_idx.min()) < 0 or int(batch_idx.max()) >= batch_size):
+    if check_batch_idx and batch_idx.numel() and (int(batch_idx.min()) < 0 or int(batch_idx.max()) >= batch_size):
         raise ValueError(f"roi_pool_features: batch_idx outside [0, {batch_size})")
     pooled = []
     for level, (fmap, stride) in enumerate(zip(feature_maps, strides, strict=True)):
