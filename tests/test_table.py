@@ -102,3 +102,12 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert cfg.seed == 7  # the user's overrides come last and win
     assert set(METHODS) >= {"fedavg", "resfl", "fairfed", "fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre",
                             "privfairfl_post", "curvfed", "fedsam", "fedswa"}
+
+
+def test_pareto_labels_never_pile_up():
+    from resfl_lightning.evaluation.pareto import labels_that_fit
+
+    # three methods on one spot and one far away: one label for the pile, one for the loner
+    assert labels_that_fit([(0.5, 0.9), (0.51, 0.9), (0.5, 0.91), (0.1, 0.2)]) == [True, False, False, True]
+    # apart in either direction is enough
+    assert labels_that_fit([(0.5, 0.5), (0.5, 0.6), (0.75, 0.5)]) == [True, True, True]
