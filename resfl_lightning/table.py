@@ -79,11 +79,17 @@ def run_dir_for(out: Path, method: str, seed: int, attack: str = "privacy") -> P
 PRIVACY_ATTACKS = "attack.enabled=[mia,aia,eod]"
 
 
+def table_preset(dataset: str) -> list[str]:
+    """`experiment=table_<dataset>` when conf/experiment/ has it: the size the table trains that dataset at."""
+    return [f"experiment=table_{dataset}"] if (conf_dir() / "experiment" / f"table_{dataset}.yaml").is_file() else []
+
+
 def train_command(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
                   overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "resfl_lightning.train", f"dataset={dataset}", f"scenario={scenario}",
-            *METHODS[method], f"seed={seed}", f"attack={attack}", *([PRIVACY_ATTACKS] if attack == "privacy" else []),
-            f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
+            *table_preset(dataset), *METHODS[method], f"seed={seed}", f"attack={attack}",
+            *([PRIVACY_ATTACKS] if attack == "privacy" else []), f"run_dir={run_dir}", "logger=none",
+            "progress=false", *overrides]
 
 
 def run_one(cmd: list[str], run_dir: Path) -> float:
@@ -250,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                          + "\n".join(failures))
     per_seed = {m: {s: seed_metrics(out, m, s, args.robustness) for s in range(args.seeds)} for m in methods}
     total = time.perf_counter() - t0
+    run_walls = sum(json.loads((run_dir_for(out, m, s, a) / "table_wall_s.json").read_text())["wall_s"]
+                    for m, s, a in jobs)
     header = (f"# {args.dataset}, scenario {args.scenario}: {len(methods)} methods x {args.seeds} seeds "
-              f"({len(jobs)} runs; this invocation took {total:.0f} s)")
+              f"({len(jobs)} runs; this invocation took {total:.0f} s with --jobs {args.jobs}; the runs' own wall "
+              f"times sum to {run_walls:.0f} s)")
     write_outputs(out, summarise(per_seed), header)
     if args.wandb:
         log_wandb_table(out, project="resfl-lightning")

@@ -100,6 +100,10 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert list(cfg.attack.enabled) == enabled
         assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
         assert cfg.seed == 7  # the user's overrides come last and win
+        # the synthetic table's size preset applies to every method; the scenario's partition survives it
+        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.3
+    adult = train_command("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
+    assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
     assert set(METHODS) >= {"fedavg", "resfl", "fairfed", "fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre",
                             "privfairfl_post", "curvfed", "fedsam", "fedswa"}
 
