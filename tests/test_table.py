@@ -109,9 +109,13 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
 
 
 def test_pareto_labels_never_pile_up():
-    from resfl_lightning.evaluation.pareto import labels_that_fit
+    from resfl_lightning.evaluation.pareto import LABEL_SPOTS, place_labels
 
-    # three methods on one spot and one far away: one label for the pile, one for the loner
-    assert labels_that_fit([(0.5, 0.9), (0.51, 0.9), (0.5, 0.91), (0.1, 0.2)]) == [True, False, False, True]
-    # apart in either direction is enough
-    assert labels_that_fit([(0.5, 0.5), (0.5, 0.6), (0.75, 0.5)]) == [True, True, True]
+    # four methods on one spot: the four sides around it, then nothing (the legend names the fifth)
+    spots = place_labels([(0.5, 0.5)] * 5, ["abcdef"] * 5)
+    assert spots[:4] == [0, 1, 2, 3] and spots[4] is None and len(LABEL_SPOTS) == 4
+    # far apart: every label in its first choice
+    assert place_labels([(0.1, 0.1), (0.8, 0.8)], ["a", "b"]) == [0, 0]
+    # a long name reaches a neighbour to its right, a short one does not
+    assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x" * 30, "y"])[1] != 0
+    assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x", "y"]) == [0, 0]

@@ -15,17 +15,30 @@ PANELS = (("score/fairness", "Fairness Score (lower is fairer)"), ("privacy_scor
 MARKERS = "osD^vP*Xh<>p"
 
 
-def labels_that_fit(points: list[tuple[float, float]], min_dx: float = 0.2, min_dy: float = 0.05) -> list[bool]:
-    """Which points get a text label: greedily, a label whose point lies closer than (min_dx, min_dy) (axes
-    fractions) to an already labelled point is left out, so labels never pile up; the legend names every point."""
-    placed: list[tuple[float, float]] = []
-    keep = []
-    for x, y in points:
-        fits = all(abs(x - px) >= min_dx or abs(y - py) >= min_dy for px, py in placed)
-        keep.append(fits)
-        if fits:
-            placed.append((x, y))
-    return keep
+# Where a label may sit around its point, in points (x, y), with its text alignment; tried in this order.
+LABEL_SPOTS = (((4, 4), "left", "bottom"), ((4, -4), "left", "top"), ((-4, 4), "right", "bottom"),
+               ((-4, -4), "right", "top"))
+
+
+def place_labels(points: list[tuple[float, float]], names: list[str], char_w: float = 0.011,
+                 line_h: float = 0.045) -> list[int | None]:
+    """For each point (axes fractions) the index into LABEL_SPOTS of a label box that overlaps no label placed
+    before it, or None (left to the legend), so labels never pile up. Boxes are estimated from the text length."""
+    placed: list[tuple[float, float, float, float]] = []
+    chosen: list[int | None] = []
+    for (x, y), name in zip(points, names):
+        w = char_w * len(name)
+        pick = None
+        for k, ((dx, dy), _, _) in enumerate(LABEL_SPOTS):
+            x0 = x if dx > 0 else x - w
+            y0 = y if dy > 0 else y - line_h
+            box = (x0, y0, x0 + w, y0 + line_h)
+            if all(box[2] <= b[0] or box[0] >= b[2] or box[3] <= b[1] or box[1] >= b[3] for b in placed):
+                pick = k
+                placed.append(box)
+                break
+        chosen.append(pick)
+    return chosen
 
 
 def _err(iv) -> tuple[list[float], list[float]]:
@@ -50,9 +63,10 @@ def plot_pareto(summary: dict, path: Path, title: str = "") -> Path:
         ax.get_xlim(), ax.get_ylim()  # settles the lazy autoscaling before reading the transform
         to_axes = ax.transLimits  # data -> axes fraction under the final (autoscaled) limits
         fractions = [tuple(to_axes.transform((x, y))) for _, x, y in shown]
-        for (method, x, y), keep in zip(shown, labels_that_fit(fractions)):
-            if keep:
-                ax.annotate(method, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for (method, x, y), spot in zip(shown, place_labels(fractions, [m for m, _, _ in shown])):
+            if spot is not None:
+                offset, ha, va = LABEL_SPOTS[spot]
+                ax.annotate(method, (x, y), textcoords="offset points", xytext=offset, fontsize=7, ha=ha, va=va)
         ax.set_xlabel(label)
         ax.set_ylabel("utility (mAP@50-95 or accuracy)")
         ax.grid(alpha=0.3)
