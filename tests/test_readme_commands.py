@@ -168,6 +168,7 @@ def test_readme_commands_are_parsed():
     """The parser sees the README's commands (a renamed variable or a broken line would silently shrink the sweep)."""
     cmds = dict(readme_commands())
     assert cmds["make train"] == [] and cmds["make train ALGO=fedavg"] == ["algorithm=fedavg"]
-    adult = ["dataset=adult", "algorithm=resfl", "dataset.root=<adult>", "dataset.sensitive=sex", "seed=2"]
+    adult = ["dataset=adult", "algorithm=resfl", "dataset.root=<adult>", "dataset.sensitive=sex", "attack=privacy",
+             "algorithm.lambda_priv=1.0", "seed=2"]
     assert adult in cmds.values()  # braces expanded
     assert len(list(cases())) >= 60
