@@ -56,11 +56,12 @@ class Recorder:
         self.thetas.append(state.theta.clone())
 
 
-def run_federation(run_dir: Path, num_clients: int = 3, rounds: int = 1, data=None, **settings):
+def run_federation(run_dir: Path, num_clients: int = 3, rounds: int = 1, data=None, aggregator=None,
+                   factory=client_factory, **settings):
     recorder = Recorder()
     fabric = L.Fabric(accelerator="cpu", devices=1, callbacks=[recorder])
-    federation = Federation(fabric=fabric, client_factory=client_factory, data=data or tiny_data(num_clients),
-                            aggregator=FedAvg(),
+    federation = Federation(fabric=fabric, client_factory=factory, data=data or tiny_data(num_clients),
+                            aggregator=aggregator or FedAvg(),
                             settings=FederationSettings(rounds=rounds, run_dir=Path(run_dir), **settings))
     state = federation.fit()
     return federation, state, recorder

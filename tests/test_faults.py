@@ -7,12 +7,22 @@ import math
 import warnings
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
-from federation_helpers import run_federation
+from federation_helpers import client_factory, run_federation, tiny_data
 
-from resfl_lightning.federation.faults import ClientDroppedWarning, ClientFault, FaultPlan, check_update
+from resfl_lightning.clients.tabular import TabularClient
+from resfl_lightning.federation.fairfed import FairFed, fairfed_update, fairness_gaps
+from resfl_lightning.federation.faults import (
+    ClientDroppedWarning,
+    ClientFault,
+    FaultPlan,
+    check_group_stats,
+    check_update,
+)
 from resfl_lightning.federation.orchestrator import FederationSettings, TooManySkippedRounds, skipped_in_a_row
+from resfl_lightning.federation.state import FlatLayout
 from resfl_lightning.types import ClientReport
 
 # fault -> text the drop warning must contain (the reason the client was left out)
@@ -168,3 +178,96 @@ def test_fault_plan_parsing():
     assert nan_delta.isnan().tolist() == [True, False]
     bad_report, _ = FaultPlan.parse(["3:0:bad_report"]).after_training(3, 0, report, torch.zeros(2))
     assert math.isnan(bad_report.u) and replace(bad_report, u=0.5) == report
+
+
+def _fairfed_weights(stats: dict[int, tuple], sizes: dict[int, int]) -> dict[int, float]:
+    """FairFed's first-round weights over the clients in `stats`, from the pure functions."""
+    total = sum(sizes[k] for k in stats)
+    return fairfed_update({k: sizes[k] / total for k in stats}, fairness_gaps(stats), beta=1.0)
+
+
+class _StatsRaise(TabularClient):
+    """A client whose pre-round group statistics raise on a loader marked corrupt (an unreadable shard, say)."""
+
+    def group_outcomes(self, loader, num_groups):
+        if getattr(loader, "corrupt", False):
+            raise OSError("validation shard unreadable")
+        return super().group_outcomes(loader, num_groups)
+
+
+def _stats_raise_client():
+    c = client_factory()
+    c.__class__ = _StatsRaise
+    return c
+
+
+def _mark_val_corrupt(data, client_id: int):
+    """data.val_loader(client_id) returns loaders marked corrupt (the client above then raises)."""
+    original = data.val_loader
+
+    def val_loader(cid):
+        loader = original(cid)
+        loader.corrupt = cid == client_id
+        return loader
+    data.val_loader = val_loader
+    return data
+
+
+def _fairfed_round0(data, initial: torch.Tensor, clients) -> dict[int, float]:
+    """FairFed's round-0 weights over `clients`, from theta_G's counts on their validation splits."""
+    probe = client_factory()
+    layout = FlatLayout.of(probe)
+    layout.load(probe, initial, layout.int_buffers(probe))
+    stats = {k: tuple(t.numpy() for t in probe.group_outcomes(data.val_loader(k), data.num_groups)) for k in clients}
+    return _fairfed_weights(stats, {k: data.num_train(k) for k in clients})
+
+
+def test_fairfed_zero_weight_client_is_aggregated_with_weight_zero_not_dropped(tmp_path):
+    """FairFed may drive a weight to exactly 0 (score -inf); before the fix that was reported as a client fault."""
+    data = tiny_data(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed, state, rec = run_federation(tmp_path, num_clients=3, data=data, aggregator=FairFed(beta=1.0))
+    weights = _fairfed_round0(data, rec.initial, (0, 1, 2))
+    assert min(weights.values()) == 0.0  # this data and beta give one zero weight: the case under test
+    assert _drops(caught) == [] and rec.metrics[0]["round/aggregated"] == 3.0
+    mean = sum(rec.deltas[(0, k)].double() * w for k, w in weights.items())
+    torch.testing.assert_close(rec.thetas[0], (rec.initial.double() + mean).float())
+
+
+@pytest.mark.parametrize("fault", ["bad_stats", "raise_in_stats"])
+def test_fairfed_client_whose_group_statistics_fail_is_dropped_not_the_run(fault, tmp_path):
+    """FairFed gathers per-group counts before local training; before the fix one client's failure there ended the
+    run. Now that client is dropped with a warning naming it, and the others get FairFed's weights over themselves."""
+    data = tiny_data(3)
+    if fault == "raise_in_stats":
+        data, factory, faults = _mark_val_corrupt(data, 1), _stats_raise_client, ()
+    else:
+        factory, faults = client_factory, ("1:0:bad_stats",)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fed, state, rec = run_federation(tmp_path, num_clients=3, data=data, aggregator=FairFed(beta=1.0),
+                                         factory=factory, fail_clients=faults)
+    drops = _drops(caught)
+    reason = "are not finite" if fault == "bad_stats" else "OSError: validation shard unreadable"
+    assert len(drops) == 1 and drops[0].startswith("client 1, round 0: dropped")
+    assert "group statistics" in drops[0] and reason in drops[0]
+    m = rec.metrics[0]
+    assert (m["client/1/dropped"], m["round/aggregated"], m["round/skipped"]) == (1.0, 2.0, 0.0)
+    assert (0, 1) not in rec.deltas and {(0, 0), (0, 2)} <= set(rec.deltas)
+    weights = _fairfed_round0(data, rec.initial, (0, 2))  # FairFed over the survivors alone
+    mean = sum(rec.deltas[(0, k)].double() * w for k, w in weights.items())
+    torch.testing.assert_close(rec.thetas[0], (rec.initial.double() + mean).float())
+
+
+def test_group_statistics_are_checked_naming_client_and_round():
+    good = (np.array([1.0, 2.0]), np.array([3.0, 2.0]))
+    check_group_stats(good, 2, 4, 7)
+    for bad, text in [((np.array([1.0]), np.array([3.0])), "expected (2,)"),
+                      ((np.array([np.nan, 2.0]), np.array([3.0, 2.0])), "not finite"),
+                      ((np.array([4.0, 2.0]), np.array([3.0, 2.0])), "0 <= TP <= positives"),
+                      ((np.array([-1.0, 0.0]), np.array([3.0, 2.0])), "0 <= TP <= positives"),
+                      ([1, 2], "not a (TP, positives) pair")]:
+        with pytest.raises(ClientFault, match=r"client 4, round 7: group statistics") as err:
+            check_group_stats(bad, 2, 4, 7)
+        assert text in str(err.value)

@@ -70,6 +70,9 @@ class FairFed(Aggregator):
 
     def prepare(self, state, stats: dict[int, tuple[np.ndarray, np.ndarray]], num_samples: dict[int, int]):
         """Fold this round's statistics into the weights kept in `state.extra`; returns the new state."""
+        if not stats:  # every sampled client failed its statistics: no weights this round (all are dropped)
+            self.weights_now = {}
+            return state
         stored = state.extra.get(WEIGHTS_KEY)
         total = sum(num_samples.values())
         previous = {k: num_samples[k] / total for k in stats}  # FairFed starts from n_k / n

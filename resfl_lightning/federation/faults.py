@@ -1,8 +1,8 @@
 """Client failures: what makes a client's round unusable, and a hook that injects each kind (debug.fail_clients).
 
-A client whose local training raises, whose loss or update is non-finite, or whose report is malformed is left out
-of the round's aggregation (the orchestrator catches `Exception` around the client and warns with a
-`ClientDroppedWarning` naming client and round); the run goes on.
+A client whose local training raises, whose loss or update is non-finite, or whose report (or, for FairFed, whose
+pre-round group statistics) is malformed is left out of the round's aggregation (the orchestrator catches
+`Exception` around the client and warns with a `ClientDroppedWarning` naming client and round); the run goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from resfl_lightning.types import ClientReport
 
-FAULTS = ("raise", "nan_loss", "nan_update", "bad_report")
+FAULTS = ("raise", "nan_loss", "nan_update", "bad_report", "bad_stats")
 
 
 class ClientDroppedWarning(UserWarning):
@@ -45,7 +45,7 @@ def check_update(report, delta: torch.Tensor, score: float, client_id: int, roun
     """Raise ClientFault (naming client, round and field) unless the report and update can be aggregated.
 
     NaN is allowed where it means "not measured": ufm_raw (fewer than two groups), ufm_ema (EMA off or not yet
-    set) and fim_eigenvalue (not requested); the aggregation score must be finite whatever the aggregator."""
+    set) and fim_eigenvalue (not requested); the aggregation score must be finite or -inf (weight 0)."""
     where = f"client {client_id}, round {round_idx}"
     if not isinstance(report, ClientReport):
         raise ClientFault(f"{where}: report is a {type(report).__name__}, not a ClientReport")
@@ -60,10 +60,26 @@ def check_update(report, delta: torch.Tensor, score: float, client_id: int, roun
     bad = [k for k, v in report.train_losses.items() if not _finite(v)]
     if bad:
         raise ClientFault(f"{where}: non-finite training loss {bad[0]}={report.train_losses[bad[0]]!r}")
-    if not _finite(score):
+    if not (_finite(score) or score == -math.inf):  # -inf is a weight of exactly 0 (FairFed), not a fault
         raise ClientFault(f"{where}: aggregation score {score!r} is not finite")
     if not torch.isfinite(delta).all():
         raise ClientFault(f"{where}: update has {int((~torch.isfinite(delta)).sum())} non-finite values")
+
+
+def check_group_stats(stats, num_groups: int, client_id: int, round_idx: int) -> None:
+    """Raise ClientFault unless `stats` = (TP, positives) are two length-`num_groups` vectors of finite counts with
+    0 <= TP <= positives (what FairFed's server weights are computed from)."""
+    where = f"client {client_id}, round {round_idx}: group statistics"
+    if not isinstance(stats, tuple) or len(stats) != 2:
+        raise ClientFault(f"{where} are a {type(stats).__name__}, not a (TP, positives) pair")
+    tp, pos = (torch.as_tensor(x, dtype=torch.float64) for x in stats)
+    if tp.shape != (num_groups,) or pos.shape != (num_groups,):
+        raise ClientFault(f"{where} have shapes {tuple(tp.shape)} / {tuple(pos.shape)}, expected ({num_groups},)")
+    if not (torch.isfinite(tp).all() and torch.isfinite(pos).all()):
+        raise ClientFault(f"{where} are not finite (TP {tp.tolist()}, positives {pos.tolist()})")
+    if (tp < 0).any() or (tp > pos).any():
+        raise ClientFault(f"{where} are not counts with 0 <= TP <= positives (TP {tp.tolist()}, "
+                          f"positives {pos.tolist()})")
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,12 @@ class FaultPlan:
             yield
         finally:
             del client.training_step  # back to the class's method
+
+    def group_stats(self, client_id: int, round_idx: int, stats: tuple) -> tuple:
+        """bad_stats: the client's pre-round group statistics (FairFed) come back as NaN."""
+        if self.fault(client_id, round_idx) != "bad_stats":
+            return stats
+        return tuple(torch.full_like(torch.as_tensor(x, dtype=torch.float64), float("nan")).numpy() for x in stats)
 
     def after_training(self, client_id: int, round_idx: int, report: ClientReport,
                        delta: torch.Tensor) -> tuple[ClientReport, torch.Tensor]:

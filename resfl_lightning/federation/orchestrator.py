@@ -26,7 +26,7 @@ from resfl_lightning.federation.aggregation import Aggregator, StreamingWeighted
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
 from resfl_lightning.federation.client_state import ClientStateStore
 from resfl_lightning.federation.collectives import PROGRESS, Collectives
-from resfl_lightning.federation.faults import FaultPlan, check_update, warn_dropped
+from resfl_lightning.federation.faults import FaultPlan, check_group_stats, check_update, warn_dropped
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.participation import deal, sample_clients
 from resfl_lightning.federation.state import FlatLayout
@@ -289,10 +289,12 @@ class Federation:
         if s.kill_rank == fabric.global_rank and s.kill_round == round_idx:  # debug: a rank dies (no-hang test)
             os.kill(os.getpid(), signal.SIGKILL)
         fabric.call("on_round_start", federation=self, round_idx=round_idx)
-        state = self._prepare_aggregator(client, layout, state, round_idx)
+        state, stats_failed = self._prepare_aggregator(client, layout, state, round_idx)
         acc = StreamingWeightedSum(layout.numel, device=state.theta.device)
-        own_reports, own_dropped = [], []
+        own_reports, own_dropped = [], list(stats_failed.items())
         for client_id in self.own_clients(round_idx):
+            if client_id in stats_failed:  # no server weight for it this round: training it would be wasted
+                continue
             try:
                 report, delta = self.train_client(client, layout, state, client_id, round_idx, times)
             except Exception as err:  # noqa: BLE001 - a failing client must not end the run (issue 11)
@@ -309,6 +311,8 @@ class Federation:
         reports = sorted((r for part in gathered for r in part[0]), key=lambda r: r.client_id)
         dropped = dict(sorted(d for part in gathered for d in part[1]))
         theta, skip = state.theta, self._quorum(len(reports), round_idx)
+        if skip is None and not any(z > 0 for *_, z in gathered):
+            skip = "every usable client update has aggregation weight 0"
         if skip is None:  # every rank takes the same branch: all of them saw the same gathered reports
             gmax, gnorm = combine_normalisers([(m, z) for _, _, m, z in gathered])
             mean_delta = self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
@@ -373,16 +377,26 @@ class Federation:
             f"stops (round {round_idx}'s checkpoint is saved, resume=true continues). Last reason: {skip}")
 
     def _prepare_aggregator(self, client: FederatedClient, layout: FlatLayout, state: ServerState,
-                            round_idx: int) -> ServerState:
+                            round_idx: int) -> tuple[ServerState, dict[int, str]]:
         """Aggregators whose weights depend on every client's view of the global model (FairFed) get, before local
-        training, each client's per-group (TP, positives) counts of theta_G on its validation split."""
+        training, each client's per-group (TP, positives) counts of theta_G on its validation split. Returns the
+        new state and the own clients whose statistics failed (they are dropped from the round, never the run)."""
         if not getattr(self.aggregator, "needs_group_stats", False):
-            return state
+            return state, {}
         layout.load(client, state.theta, state.int_buffers)
-        own = {cid: tuple(t.numpy() for t in client.group_outcomes(self.data.val_loader(cid), self.data.num_groups))
-               for cid in self.own_clients(round_idx)}
+        own, failed = {}, {}
+        for cid in self.own_clients(round_idx):
+            try:
+                stats = tuple(t.numpy() for t in client.group_outcomes(self.data.val_loader(cid),
+                                                                         self.data.num_groups))
+                stats = self.faults.group_stats(cid, round_idx, stats)
+                check_group_stats(stats, self.data.num_groups, cid, round_idx)
+                own[cid] = stats
+            except Exception as err:  # noqa: BLE001 - one client's statistics must not end the run
+                failed[cid] = f"group statistics: {type(err).__name__}: {err}"
+                warn_dropped(cid, round_idx, failed[cid])
         stats = {cid: v for part in self._gather(own, "group statistics all_gather") for cid, v in part.items()}
-        return self.aggregator.prepare(state, stats, {cid: self.data.num_train(cid) for cid in stats})
+        return self.aggregator.prepare(state, stats, {cid: self.data.num_train(cid) for cid in stats}), failed
 
     def _quorum(self, aggregated: int, round_idx: int) -> str | None:
         """Why the round is skipped (None: apply it): fewer aggregated clients than federation.min_clients."""
