@@ -25,6 +25,7 @@ from pathlib import Path
 
 from resfl_lightning.compare import compare_runs, load_run, run_privacy_score
 from resfl_lightning.metrics.intervals import Interval, bootstrap_interval, paired_difference
+from resfl_lightning.metrics.mechanism import run_mechanism
 from resfl_lightning.resources import conf_dir
 
 BASELINE = "fedavg"
@@ -178,6 +179,42 @@ def write_outputs(out: Path, summary: dict, header: str) -> None:
     plot_pareto(summary, out / "pareto.png", title=header.lstrip("# "))
 
 
+# What UFM weighting had to act on (metrics/mechanism.py::run_mechanism), one row per method.
+MECHANISM_COLUMNS = [
+    ("UFM bootstrap SE", "ufm_se"),
+    ("UFM spread across clients", "ufm_spread"),
+    ("SE / spread", "se_over_spread"),
+    ("rounds with UFM differing", "informative_rounds"),
+    ("Spearman(UFM, val ΔEOP)", "spearman"),
+    ("max client weight", "max_weight"),
+    ("all-gated rounds", "gated_uniform_rounds"),
+]
+
+
+def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
+    """The mechanism table appended to table.md: medians / means over each run's rounds, then over seeds."""
+    lines = ["", "What UFM weighting had to act on (per run over its rounds, then mean ± std over seeds): the clients' "
+             "bootstrap SE of raw UFM against its spread (std) across clients, medians over the rounds in which raw "
+             "UFM differed across clients (before the model detects anyone every client's UFM is 0), the mean "
+             "per-round Spearman "
+             "correlation of client UFM with client validation ΔEOP, the mean largest client weight (1/N = "
+             "uniform) and the rounds in which every client was gated.", "",
+             "| method | " + " | ".join(h for h, _ in MECHANISM_COLUMNS) + " |",
+             "| --- |" + " ---: |" * len(MECHANISM_COLUMNS)]
+    for method in methods:
+        per_seed = []
+        for seed in range(seeds):
+            metrics = run_dir_for(out, method, seed) / "metrics.jsonl"
+            per_seed.append(run_mechanism([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]))
+        cells = []
+        for _, key in MECHANISM_COLUMNS:
+            iv = bootstrap_interval([m[key] for m in per_seed])
+            cells.append("n/a" if math.isnan(iv.mean) else f"{iv.mean:.3f} ± {iv.std:.3f}" if iv.n > 1
+                         else f"{iv.mean:.3f}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def log_wandb_table(out: Path, project: str) -> None:
     import wandb
 
@@ -262,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({len(jobs)} runs; this invocation took {total:.0f} s with --jobs {args.jobs}; the runs' own wall "
               f"times sum to {run_walls:.0f} s)")
     write_outputs(out, summarise(per_seed), header)
+    with (out / "table.md").open("a") as fh:
+        fh.write("\n".join(mechanism_lines(out, methods, args.seeds)) + "\n")
     if args.wandb:
         log_wandb_table(out, project="resfl-lightning")
     print((out / "table.md").read_text())

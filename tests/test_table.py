@@ -55,6 +55,8 @@ def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_p
     assert by[("resfl", "privacy_score")]["mean"] not in ("", "nan")
     assert by[("fedavg", "utility")]["diff_vs_fedavg"] == ""  # no difference of the baseline to itself
     assert (out / "pareto.png").stat().st_size > 10_000 and "| resfl |" in (out / "table.md").read_text()
+    mechanism = (out / "table.md").read_text().split("What UFM weighting had to act on")[1]
+    assert mechanism.count("| resfl |") == 1 and mechanism.count("| fedavg |") == 1  # one mechanism row a method
     before = (out / "resfl-s1" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: finished runs are not trained again
     assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before

@@ -19,3 +19,44 @@ def ufm_fairness_correlation(ufm: Sequence[float], delta_eop: Sequence[float]) -
     if np.all(u == u[0]) or np.all(e == e[0]):
         return math.nan
     return float(stats.spearmanr(u, e).statistic)
+
+
+def _client_values(row: dict, suffix: str) -> list[float]:
+    """Finite values of client/<i>/<suffix> in one round's metrics row, in client order."""
+    keys = sorted((k for k in row if k.startswith("client/") and k.endswith("/" + suffix)),
+                  key=lambda k: int(k.split("/")[1]))
+    return [float(row[k]) for k in keys if isinstance(row[k], (int, float)) and math.isfinite(float(row[k]))]
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def run_mechanism(rows: Sequence[dict]) -> dict[str, float]:
+    """What UFM weighting had to act on in one run, from its per-round metrics rows (metrics.jsonl).
+
+    Over the informative rounds, those where raw UFM differs across clients (early on nothing is detected and every
+    client's UFM is 0, which ranks nothing):
+    - ufm_se: median over those rounds of the clients' median bootstrap SE of raw UFM;
+    - ufm_spread: median over those rounds of the standard deviation of raw UFM across clients (ddof=0);
+    - se_over_spread: their ratio (well below 1: UFM ranks clients by more than noise);
+    - informative_rounds: how many rounds that was.
+    Over every round: spearman, the mean Spearman correlation of client UFM vs client validation ΔEOP (undefined
+    rounds skipped); max_weight, the mean largest client weight (1/N: uniform averaging); gated_uniform_rounds,
+    rounds in which every client was gated (the weights fell back to uniform)."""
+    se, spread = [], []
+    for row in rows:
+        u = _client_values(row, "ufm_raw")
+        if len(u) >= 2 and float(np.std(u)) > 0:
+            spread.append(float(np.std(u)))
+            s = _client_values(row, "ufm_se")
+            se.append(float(np.median(s)) if s else math.nan)
+    med_se = float(np.nanmedian(se)) if se and not all(math.isnan(x) for x in se) else math.nan
+    med_spread = float(np.median(spread)) if spread else math.nan
+    ratio = med_se / med_spread if spread else math.nan
+    return {"ufm_se": med_se, "ufm_spread": med_spread, "se_over_spread": ratio,
+            "informative_rounds": float(len(spread)),
+            "spearman": _nanmean([r.get("mechanism/spearman_ufm_val_delta_eop", math.nan) for r in rows]),
+            "max_weight": _nanmean([r.get("clients/max_weight", math.nan) for r in rows]),
+            "gated_uniform_rounds": float(sum(float(r.get("aggregation/gated_uniform") or 0.0) for r in rows))}
