@@ -141,6 +141,35 @@ def test_post_calibration_from_reports_hand_computed():
         fit_post_calibration([report(0, a), report(1, {})], settings, num_groups=3, tau=0.5)
 
 
+def test_temperature_alone_keeps_the_detection_operating_point():
+    """Detection at tau = 0.25 with a fitted T != 1: when every group already sits at the pooled TPR, the calibrated
+    rule must find exactly the persons the raw rule finds. Before the fix the calibrated scores were compared with
+    raw tau itself: at T = 0.5 a raw 0.3 becomes 0.155 < 0.25 and the rule found no one (TPR 0 for every group)."""
+    from resfl_lightning.baselines.privfairfl import calibrated_detection_metrics
+    from resfl_lightning.metrics.fairness import detection_fairness
+
+    settings = PostCalibrationSettings(temperatures=(0.5,), num_thresholds=101, smoothing=0.5, min_positives=1)
+    # both groups: 4 positives, matched raw scores 0.6, 0.3, 0.2, 0.1 -> the same reach at every raw threshold
+    grid = [i / 100 for i in range(101)]
+    curve = [float(sum(s >= t - 1e-12 for s in (0.6, 0.3, 0.2, 0.1))) for t in grid]
+    st = stats(8.0, [1.0], {0: curve, 1: curve})
+    cal = fit_post_calibration([report(0, st)], settings, num_groups=2, tau=0.25)
+    assert cal.temperature == 0.5
+    tau_cal = 1 / (1 + math.exp(-math.log(0.25 / 0.75) / 0.5))
+    assert cal.default == pytest.approx(tau_cal) and cal.thresholds[0] == pytest.approx(tau_cal)
+
+    box = torch.tensor([[0.0, 0.0, 10.0, 10.0]])
+    preds, gts = [], []
+    for g in (0, 1):
+        for score in (0.6, 0.3, 0.2, 0.1):
+            preds.append({"boxes": box, "scores": torch.tensor([score]), "labels": torch.tensor([0])})
+            gts.append({"boxes": box, "labels": torch.tensor([0]), "groups": torch.tensor([g])})
+    raw = detection_fairness(list(zip(preds, gts)), 2, iou_threshold=0.5, score_threshold=0.25)
+    calibrated = calibrated_detection_metrics(preds, gts, cal, 2, 0.5)
+    assert (raw["tpr/0"], raw["tpr/1"]) == (0.5, 0.5)
+    assert (calibrated["tpr/0"], calibrated["tpr/1"]) == (0.5, 0.5)
+
+
 def test_post_calibration_uses_reports_only_and_narrows_the_tpr_spread():
     """Clients report aggregate counts; the server's rule, applied to the test split, lowers delta-EOP on data where
     the base rates differ by group (toy_data's labels depend on the group)."""

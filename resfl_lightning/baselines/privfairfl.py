@@ -158,12 +158,6 @@ def calibrate_scores(scores: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.sigmoid(torch.logit(p) / temperature)
 
 
-def _uncalibrate(c: float, temperature: float) -> float:
-    """Raw score p with calibrate_scores(p, T) = c."""
-    c = min(max(c, EPS), 1 - EPS)
-    return float(torch.sigmoid(torch.logit(torch.tensor(c, dtype=torch.float64)) * temperature))
-
-
 def _detection_samples(client, loader):
     """(score, is-true-detection) per post-NMS detection and (group, matched score or 0) per ground-truth person."""
     preds, gts, _ = client.collect(loader)
@@ -219,7 +213,7 @@ class CalibrationStatistics:
 class Calibration:
     temperature: float
     thresholds: dict[int, float]  # calibrated-score threshold per group
-    default: float  # tau, for unknown groups
+    default: float  # calibrate(tau, T): the raw operating point tau on the calibrated scale, for unknown groups
 
     def as_metrics(self) -> dict[str, float]:
         out = {"calibration/temperature": self.temperature}
@@ -228,7 +222,12 @@ class Calibration:
 
 
 def fit_post_calibration(reports, settings: PostCalibrationSettings, num_groups: int, tau: float) -> Calibration:
-    """Server side: temperature and smoothed per-group thresholds from the clients' reported sums only."""
+    """Server side: temperature and smoothed per-group thresholds from the clients' reported sums only.
+
+    tau is the raw-score operating point every other method is evaluated at. Temperature scaling alone must not
+    move it (it is rank-preserving, and the comparison isolates the per-group thresholds), so the calibrated rule's
+    default threshold is calibrate(tau, T) and the target TPR is the pooled TPR at raw tau. (For a binary classifier
+    at tau = 0.5, calibrate(0.5, T) = 0.5 for every T.)"""
     stats = [r.calibration for r in reports]
     if not stats or any(not st for st in stats):
         missing = [r.client_id for r in reports if not r.calibration]
@@ -240,16 +239,16 @@ def fit_post_calibration(reports, settings: PostCalibrationSettings, num_groups:
         temperature = float(temps[min(range(len(temps)), key=nll.__getitem__)])
     else:
         temperature = 1.0
+    tau_cal = float(calibrate_scores(torch.tensor([tau], dtype=torch.float64), temperature)[0])
     grid = settings.raw_grid
     totals = {g: sum(st[f"pos/{g}"] for st in stats) for g in range(num_groups)}
     curves = {g: torch.tensor([sum(st[f"pos/{g}/{k}"] for st in stats) for k in range(len(grid))],
                               dtype=torch.float64) for g in range(num_groups)}
     all_pos = sum(totals.values())
-    thresholds = {g: tau for g in range(num_groups)}
+    thresholds = {g: tau_cal for g in range(num_groups)}
     if all_pos == 0:
-        return Calibration(temperature, thresholds, tau)
-    r_tau = _uncalibrate(tau, temperature)
-    k_tau = int((grid <= r_tau + 1e-12).nonzero().max())
+        return Calibration(temperature, thresholds, tau_cal)
+    k_tau = int((grid <= tau + 1e-12).nonzero().max())
     target = float(sum(curves[g][k_tau] for g in curves) / all_pos)
     for g in range(num_groups):
         if totals[g] < settings.min_positives:
@@ -260,8 +259,8 @@ def fit_post_calibration(reports, settings: PostCalibrationSettings, num_groups:
         k_g = int(candidates[(candidates - k_tau).abs().argmin()])  # ties: the threshold nearest tau's
         t_star = float(calibrate_scores(grid[k_g:k_g + 1], temperature)[0]) if 0 < k_g < len(grid) - 1 \
             else float(grid[k_g])
-        thresholds[g] = (1 - settings.smoothing) * tau + settings.smoothing * t_star
-    return Calibration(temperature, thresholds, tau)
+        thresholds[g] = (1 - settings.smoothing) * tau_cal + settings.smoothing * t_star
+    return Calibration(temperature, thresholds, tau_cal)
 
 
 def _threshold_per(groups: torch.Tensor, cal: Calibration) -> torch.Tensor:
