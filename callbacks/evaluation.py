@@ -5,6 +5,8 @@ The round's one pass over the test split is kept in `latest` (a EvaluationPass) 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from resfl_lightning.evaluation.evaluation_pass import EvaluationPass, run_evaluation_pass
 
 
@@ -29,3 +31,8 @@ class GlobalEvaluation:
     def evaluation_pass(self, round_idx: int) -> EvaluationPass | None:
         """This round's test pass, or None when the evaluation did not run this round."""
         return self.latest if self.latest is not None and self.latest.round_idx == round_idx else None
+
+    def attach_decision(self, round_idx: int, decision) -> None:
+        """Mark this round's pass as evaluated under `decision` (PrivFairFL-Post), so EOD uses the same rule."""
+        if self.latest is not None and self.latest.round_idx == round_idx:
+            self.latest = replace(self.latest, decision=decision)

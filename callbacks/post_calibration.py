@@ -12,7 +12,8 @@ from resfl_lightning.baselines.privfairfl import (
 
 class PostCalibration:
     """Runs after GlobalEvaluation: the calibration is fitted from ClientReport.calibration alone; on evaluation
-    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/)."""
+    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/), and
+    the round's test pass carries the rule so that EOD measures it too."""
 
     def __init__(self, settings: PostCalibrationSettings, evaluation):
         self.settings, self.evaluation = settings, evaluation
@@ -27,6 +28,7 @@ class PostCalibration:
         evaluation = self.evaluation.evaluation_pass(round_idx)
         if evaluation is None:
             return
+        self.evaluation.attach_decision(round_idx, cal)  # EOD (callbacks/robustness.py) evaluates the same rule
         if detection:
             preds, gts = evaluation.outputs[0], evaluation.outputs[1]
             calibrated = calibrated_detection_metrics(preds, gts, cal, model.num_groups, model.ufm.iou_threshold)

@@ -10,6 +10,7 @@ BA AD and DPA EODD compare two runs: `python -m resfl_lightning.compare CLEAN_RU
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
 from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
@@ -94,3 +95,7 @@ class EqualizedOdds:
         metrics["test/eod"] = res.pop("eod")
         metrics.update({f"test/eod_{k}": v for k, v in res.items()})
         metrics["test/eod_protected_group"] = float(self.protected)
+        if evaluated.decision is not None:  # PrivFairFL-Post: the raw rule's EOD too, beside its other raw metrics
+            raw = eod_from_pass(model, replace(evaluated, decision=None), base_data(federation.data).num_groups,
+                                self.protected, self.unprotected)
+            metrics["test/uncalibrated/eod"] = raw["eod"]

@@ -194,3 +194,56 @@ def test_post_calibration_uses_reports_only_and_narrows_the_tpr_spread():
     raw = client.test_metrics_from(pred)
     calibrated = calibrated_classification_metrics(pred, cal)
     assert calibrated["delta_eop"] < raw["delta_eop"]
+
+
+# --- PrivFairFL-Post: EOD measures the calibrated rule, like the other fairness metrics --------------------------
+def _det(score: float | list[float], gt_group: int, extra_box: bool = False):
+    scores = [score] if isinstance(score, float) else score
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0]] + ([[50.0, 50.0, 60.0, 60.0]] if extra_box else []))
+    pred = {"boxes": boxes, "scores": torch.tensor(scores), "labels": torch.zeros(len(scores), dtype=torch.long)}
+    gt = {"boxes": torch.tensor([[0.0, 0.0, 10.0, 10.0]]), "labels": torch.tensor([0]),
+          "groups": torch.tensor([gt_group])}
+    return pred, gt
+
+
+def test_group_thresholds_hand_case():
+    """Persons: group 0 matched at 0.4 (t_0 = 0.3: found), group 1 matched at 0.4 and 0.2 (t_1 = 0.5: both missed);
+    the last image also has an unmatched 0.3 detection, below the false-positive threshold 0.35."""
+    from resfl_lightning.metrics.eod import detection_group_rates
+
+    pairs = [_det(0.4, 0), _det(0.4, 1), _det([0.2, 0.3], 1, extra_box=True)]
+    c = detection_group_rates(pairs, 2, 0.5, score_threshold=0.35, group_thresholds=[0.3, 0.5])
+    assert c["tp"].tolist() == [1, 0] and c["fn"].tolist() == [0, 2]
+    assert c["has_fp"].tolist() == [False, False, False]
+    assert detection_group_rates(pairs, 2, 0.5, score_threshold=0.25, group_thresholds=[0.3, 0.5])["has_fp"].tolist() \
+        == [False, False, True]
+    with pytest.raises(ValueError, match="group_thresholds has 1 entries, expected 2"):
+        detection_group_rates(pairs, 2, 0.5, group_thresholds=[0.3])
+
+
+def test_eod_of_a_pass_with_a_calibration_measures_the_calibrated_rule():
+    """Before the fix EOD always measured the raw rule (on Adult PrivFairFL-Post's EOD equalled FedAvg's exactly)."""
+    from types import SimpleNamespace
+
+    from resfl_lightning.baselines.privfairfl import Calibration
+    from resfl_lightning.callbacks.evaluation import GlobalEvaluation
+    from resfl_lightning.evaluation.evaluation_pass import EvaluationPass, eod_from_pass
+    from resfl_lightning.metrics.eod import classification_eod
+
+    p1 = torch.tensor([0.9, 0.45, 0.3, 0.6, 0.45, 0.2, 0.7, 0.1])
+    outputs = SimpleNamespace(probs=torch.stack([1 - p1, p1], 1), y=torch.tensor([1, 1, 0, 0, 1, 1, 0, 0]),
+                              groups=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), y_pred=(p1 >= 0.5).long())
+    cal = Calibration(temperature=1.0, thresholds={0: 0.5, 1: 0.4}, default=0.5)
+    model = SimpleNamespace()  # tabular: no detection criterion
+    evaluation = GlobalEvaluation(every=1)
+    evaluation.latest = EvaluationPass(3, outputs, {})
+    raw = eod_from_pass(model, evaluation.latest, 2, protected=1, unprotected=None)
+    assert raw == classification_eod(outputs.y, outputs.y_pred, outputs.groups, 2, 1)
+    evaluation.attach_decision(2, cal)  # another round: nothing attached
+    assert evaluation.latest.decision is None
+    evaluation.attach_decision(3, cal)
+    calibrated = eod_from_pass(model, evaluation.latest, 2, protected=1, unprotected=None)
+    # by hand: group 1 now predicts 1 at p >= 0.4 -> y_hat = [.., 1, 0, 1, 0]; group 0 unchanged
+    y_hat = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0])
+    assert calibrated == classification_eod(outputs.y, y_hat, outputs.groups, 2, 1)
+    assert calibrated["tpr_protected"] == 0.5 and raw["tpr_protected"] == 0.0

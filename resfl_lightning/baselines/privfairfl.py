@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from resfl_lightning.losses.evidential import dirichlet_alpha, dirichlet_nll
+from resfl_lightning.metrics.eod import classification_eod, detection_eod, detection_group_rates
 from resfl_lightning.metrics.fairness import (
     classification_fairness,
     disparate_impact,
@@ -277,25 +278,39 @@ def calibrated_classification_metrics(pred, cal: Calibration) -> dict[str, float
     return classification_fairness(pred.y, y_hat, pred.groups)
 
 
+def calibrated_pairs(preds: list[dict], gts: list[dict], cal: Calibration) -> list[tuple[dict, dict]]:
+    """(prediction with calibrated scores, ground truth) per image: the scores the calibrated rule thresholds."""
+    return [({**p, "scores": calibrate_scores(p["scores"], cal.temperature)}, g) for p, g in zip(preds, gts)]
+
+
+def group_thresholds(cal: Calibration, num_groups: int) -> list[float]:
+    return [cal.thresholds.get(g, cal.default) for g in range(num_groups)]
+
+
 def calibrated_detection_metrics(preds: list[dict], gts: list[dict], cal: Calibration, num_groups: int,
                                  iou_threshold: float) -> dict[str, float]:
     """Group TPR, DI, delta-EOP, Fairness Score when a person of group g counts as found iff its matched detection's
     calibrated score reaches t_g (mAP is unchanged: the calibration preserves every image's score order)."""
-    tp = torch.zeros(num_groups, dtype=torch.long)
-    fn = torch.zeros(num_groups, dtype=torch.long)
-    for idx, pair in enumerate(zip(preds, gts)):
-        groups, pred_to_gt, _ = match_image_groups(pair, idx, num_groups, iou_threshold, 0.0)
-        matched = torch.zeros(groups.shape[0], dtype=torch.float64)
-        hit = pred_to_gt >= 0
-        matched[pred_to_gt[hit]] = calibrate_scores(pair[0]["scores"][hit], cal.temperature)
-        found = (matched >= _threshold_per(groups, cal)) & (matched > 0)
-        known = groups >= 0
-        tp += torch.bincount(groups[known & found], minlength=num_groups)
-        fn += torch.bincount(groups[known & ~found], minlength=num_groups)
-    rates = group_tpr(tp, fn)
+    c = detection_group_rates(calibrated_pairs(preds, gts, cal), num_groups, iou_threshold, cal.default,
+                              group_thresholds(cal, num_groups))
+    rates = group_tpr(c["tp"], c["fn"])
     tpr = {g: float(r) for g, r in enumerate(rates.tolist()) if not math.isnan(r)}
     arr = list(tpr.values())
     di, eop = disparate_impact(arr), equal_opportunity_difference(arr)
     out = {f"tpr/{g}": v for g, v in tpr.items()}
     out.update(di=di, abs_one_minus_di=abs(1.0 - di), delta_eop=eop, fairness_score=fairness_score(di, eop))
     return out
+
+
+def calibrated_eod(outputs, cal: Calibration, num_groups: int, protected: int, unprotected: int | None,
+                   iou_threshold: float | None = None) -> dict[str, float]:
+    """EOD (metrics/eod.py) of the calibrated rule: detection when `outputs` is (preds, gts, ...), else the tabular
+    predictions with y_hat = 1 iff the calibrated p1 reaches its group's threshold."""
+    if isinstance(outputs, tuple):
+        preds, gts = outputs[0], outputs[1]
+        return detection_eod(calibrated_pairs(preds, gts, cal), num_groups, protected, unprotected,
+                             iou_threshold=iou_threshold, score_threshold=cal.default,
+                             group_thresholds=group_thresholds(cal, num_groups))
+    c = calibrate_scores(outputs.probs[:, 1], cal.temperature)
+    y_hat = (c >= _threshold_per(outputs.groups.long(), cal)).long()
+    return classification_eod(outputs.y, y_hat, outputs.groups, num_groups, protected, unprotected)

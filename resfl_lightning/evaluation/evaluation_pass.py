@@ -19,6 +19,9 @@ class EvaluationPass:
     round_idx: int
     outputs: Any  # detection: (preds, gts, mean loss, features | None); classification: TabularPredictions
     metrics: dict[str, float]
+    # The decision rule the round's test fairness metrics evaluate when it is not the raw score >= tau
+    # (PrivFairFL-Post's server calibration, baselines/privfairfl.py::Calibration); EOD then evaluates it too.
+    decision: Any = None
 
 
 def run_evaluation_pass(model: Any, loader: Any, round_idx: int) -> EvaluationPass:
@@ -28,7 +31,13 @@ def run_evaluation_pass(model: Any, loader: Any, round_idx: int) -> EvaluationPa
 
 def eod_from_pass(model: Any, evaluation: EvaluationPass, num_groups: int, protected: int,
                   unprotected: int | None) -> dict[str, float]:
-    """EOD and its four rates (metrics/eod.py) from the pass's predictions, with the model's matching settings."""
+    """EOD and its four rates (metrics/eod.py) from the pass's predictions, with the model's matching settings, of
+    the pass's decision rule (the calibrated one when PrivFairFL-Post attached it)."""
+    if evaluation.decision is not None:
+        from resfl_lightning.baselines.privfairfl import calibrated_eod
+
+        iou = model.ufm.iou_threshold if hasattr(model, "criterion") else None
+        return calibrated_eod(evaluation.outputs, evaluation.decision, num_groups, protected, unprotected, iou)
     if hasattr(model, "criterion"):  # detection: (preds, gts, ...)
         preds, gts = evaluation.outputs[0], evaluation.outputs[1]
         return detection_eod(list(zip(preds, gts)), num_groups, protected, unprotected,

@@ -11,6 +11,7 @@ persons of both sides counts for both. Classification uses the usual per-sample 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,22 +31,36 @@ def detection_group_rates(
     num_groups: int,
     iou_threshold: float = 0.5,
     score_threshold: float = 0.25,
+    group_thresholds: Sequence[float] | None = None,
 ) -> dict[str, Tensor]:
     """tp, fn: per-group person counts (int64, (G,)); present: (n_images, G) bool, image holds a group-g person;
-    has_fp: (n_images,) bool, image has an unmatched detection scoring >= score_threshold."""
+    has_fp: (n_images,) bool, image has an unmatched detection scoring >= score_threshold.
+
+    group_thresholds (a per-group decision rule, e.g. PrivFairFL-Post's): a person of group g counts as found when
+    its matched detection scores >= group_thresholds[g]; the matching then runs over every detection (greedy by
+    score, so thresholds keep a prefix of it) and score_threshold applies to the unmatched ones (false positives)."""
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    if group_thresholds is not None and len(group_thresholds) != num_groups:
+        raise ValueError(f"group_thresholds has {len(group_thresholds)} entries, expected {num_groups}")
+    per_group = None if group_thresholds is None else torch.as_tensor(group_thresholds, dtype=torch.float64)
     tp = torch.zeros(num_groups, dtype=torch.long)
     fn = torch.zeros(num_groups, dtype=torch.long)
     present_rows, fp_rows = [], []
     for idx, (pred, gt) in enumerate(pairs):
-        groups, pred_to_gt, matched = match_image_groups((pred, gt), idx, num_groups, iou_threshold, score_threshold)
+        match_at = score_threshold if per_group is None else 0.0
+        groups, pred_to_gt, matched = match_image_groups((pred, gt), idx, num_groups, iou_threshold, match_at)
         known = groups >= 0
+        scores = pred["scores"].detach().cpu()
+        if per_group is not None:
+            gt_score = torch.full(groups.shape, -math.inf, dtype=torch.float64)
+            hit = pred_to_gt >= 0
+            gt_score[pred_to_gt[hit]] = scores[hit].double()
+            matched = known & (gt_score >= per_group[groups.clamp_min(0)])
         tp += torch.bincount(groups[known & matched], minlength=num_groups)
         fn += torch.bincount(groups[known & ~matched], minlength=num_groups)
         present = torch.zeros(num_groups, dtype=torch.bool)
         present[groups[known].unique()] = True
-        scores = pred["scores"].detach().cpu()
         has_fp = bool(((scores >= score_threshold) & (pred_to_gt < 0)).any())
         present_rows.append(present)
         fp_rows.append(has_fp)
@@ -105,14 +120,16 @@ def detection_eod(
     unprotected_group: int | None = None,
     iou_threshold: float = 0.5,
     score_threshold: float = 0.25,
+    group_thresholds: Sequence[float] | None = None,
 ) -> dict[str, float]:
-    """EOD between `protected_group` and the pooled other groups (or `unprotected_group`), with its four rates.
+    """EOD between `protected_group` and the pooled other groups (or `unprotected_group`), with its four rates
+    (group_thresholds: a per-group decision rule, see detection_group_rates).
 
     Returns eod, tpr_protected, tpr_unprotected, fpr_protected, fpr_unprotected. Raises ValueError when either side
     has no person in the data (the rates would be undefined).
     """
     p, u = _sides(num_groups, protected_group, unprotected_group)
-    c = detection_group_rates(pairs, num_groups, iou_threshold, score_threshold)
+    c = detection_group_rates(pairs, num_groups, iou_threshold, score_threshold, group_thresholds)
     persons = c["tp"] + c["fn"]
     tpr_p = _rate(int(c["tp"][p].sum()), int(persons[p].sum()), f"TPR of protected group {protected_group}")
     tpr_u = _rate(int(c["tp"][u].sum()), int(persons[u].sum()), "TPR of the unprotected groups")
