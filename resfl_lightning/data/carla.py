@@ -241,8 +241,8 @@ def _load_frame(
             boxes.append(parsed)
     beyond = [p for p in peds if p >= len(boxes)]
     if ok and beyond:
-        problems.report(f"pedestrians.csv row {peds[beyond[0]][1]} (frame {frame}): ped_index {beyond[0]} but "
-                        f"{label_path} has {len(boxes)} boxes (ped_index is 0-based)")
+        problems.report(f"{root / 'pedestrians.csv'} row {peds[beyond[0]][1]} (frame {frame}): ped_index "
+                        f"{beyond[0]} but {label_path} has {len(boxes)} boxes (ped_index is 0-based)")
         ok = False
     return (path, (height, width), boxes) if ok else None
 
