@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from resfl_lightning.compare import compare_runs, load_run, run_privacy_score
 from resfl_lightning.metrics.intervals import Interval, bootstrap_interval, paired_difference
 from resfl_lightning.metrics.mechanism import run_mechanism
@@ -193,24 +195,23 @@ MECHANISM_COLUMNS = [
 
 def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
     """The mechanism table appended to table.md: medians / means over each run's rounds, then over seeds."""
+    from resfl_lightning.report import load_run as load_rounds  # metrics.jsonl rows, errors naming file and line
+
     lines = ["", "What UFM weighting had to act on (per run over its rounds, then mean ± std over seeds): the clients' "
              "bootstrap SE of raw UFM against its spread (std) across clients, medians over the rounds in which raw "
              "UFM differed across clients (before the model detects anyone every client's UFM is 0), the mean "
-             "per-round Spearman "
-             "correlation of client UFM with client validation ΔEOP, the mean largest client weight (1/N = "
-             "uniform) and the rounds in which every client was gated.", "",
+             "per-round Spearman correlation of client UFM with client validation ΔEOP, the mean largest client "
+             "weight (1/N = uniform) and the rounds in which every client was gated.", "",
              "| method | " + " | ".join(h for h, _ in MECHANISM_COLUMNS) + " |",
              "| --- |" + " ---: |" * len(MECHANISM_COLUMNS)]
     for method in methods:
-        per_seed = []
-        for seed in range(seeds):
-            metrics = run_dir_for(out, method, seed) / "metrics.jsonl"
-            per_seed.append(run_mechanism([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]))
+        per_seed = [run_mechanism(load_rounds(run_dir_for(out, method, seed)).rows) for seed in range(seeds)]
         cells = []
         for _, key in MECHANISM_COLUMNS:
-            iv = bootstrap_interval([m[key] for m in per_seed])
-            cells.append("n/a" if math.isnan(iv.mean) else f"{iv.mean:.3f} ± {iv.std:.3f}" if iv.n > 1
-                         else f"{iv.mean:.3f}")
+            x = np.array([m[key] for m in per_seed], dtype=float)
+            x = x[~np.isnan(x)]
+            cells.append("n/a" if x.size == 0 else f"{x.mean():.3f} ± {x.std(ddof=1):.3f}" if x.size > 1
+                         else f"{x.mean():.3f}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 

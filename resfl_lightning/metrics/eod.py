@@ -47,8 +47,8 @@ def detection_group_rates(
     tp = torch.zeros(num_groups, dtype=torch.long)
     fn = torch.zeros(num_groups, dtype=torch.long)
     present_rows, fp_rows = [], []
+    match_at = score_threshold if per_group is None else 0.0
     for idx, (pred, gt) in enumerate(pairs):
-        match_at = score_threshold if per_group is None else 0.0
         groups, pred_to_gt, matched = match_image_groups((pred, gt), idx, num_groups, iou_threshold, match_at)
         known = groups >= 0
         scores = pred["scores"].detach().cpu()
