@@ -154,7 +154,7 @@ def summarise(per_seed: dict[str, dict[int, dict]]) -> dict[str, dict[str, tuple
 def write_outputs(out: Path, summary: dict, header: str) -> None:
     lines = [header, "",
              "mean ± std [95% bootstrap interval over seeds]; **bold**: the difference to FedAvg, paired by seed, "
-             "has a 95% interval that excludes 0 (↓ lower is better, ↑ higher is better).", "",
+             "has a 95% Student-t interval that excludes 0 (↓ lower is better, ↑ higher is better).", "",
              "| method | " + " | ".join(f"{h} {'↓' if low else '↑'}" for h, _, low in COLUMNS) + " |",
              "| --- |" + " ---: |" * len(COLUMNS)]
     rows = []
@@ -171,6 +171,7 @@ def write_outputs(out: Path, summary: dict, header: str) -> None:
                          "diff_ci_high": None if diff is None else diff.high,
                          "diff_excludes_zero": None if diff is None else diff.excludes_zero})
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += difference_lines(summary)
     (out / "table.md").write_text("\n".join(lines) + "\n")
     with (out / "table.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -179,6 +180,23 @@ def write_outputs(out: Path, summary: dict, header: str) -> None:
     from resfl_lightning.evaluation.pareto import plot_pareto
 
     plot_pareto(summary, out / "pareto.png", title=header.lstrip("# "))
+
+
+def difference_lines(summary: dict) -> list[str]:
+    """The paired differences to FedAvg with their t-intervals, one row per method, bold where 0 is excluded."""
+    keys = [(h, k) for h, k, _ in COLUMNS if k not in ("fate", "wall_s")]
+    lines = ["", "Difference to FedAvg, paired by seed: mean [95% Student-t interval over seeds].", "",
+             "| method − FedAvg | " + " | ".join(h for h, _ in keys) + " |", "| --- |" + " ---: |" * len(keys)]
+    for method, cols in summary.items():
+        if method == BASELINE:
+            continue
+        cells = []
+        for _, key in keys:
+            diff = cols[key][1]
+            text = "n/a" if diff is None or diff.n < 2 else f"{diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
+            cells.append(f"**{text}**" if diff is not None and diff.excludes_zero else text)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # What UFM weighting had to act on (metrics/mechanism.py::run_mechanism), one row per method.

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resfl_lightning.metrics.intervals import bootstrap_interval, paired_difference
+from resfl_lightning.metrics.intervals import bootstrap_interval, paired_difference, t_interval
 
 
 def test_interval_mean_std_and_bounds():
@@ -37,6 +37,45 @@ def test_pairing_by_seed_detects_a_consistent_small_gain_that_unpaired_means_hid
     unpaired_low = bootstrap_interval(list(method.values())).low - bootstrap_interval(list(base.values())).high
     assert unpaired_low < 0
     assert paired_difference({0: 1.0, 9: 2.0}, {0: 0.5}).n == 1  # only seeds both have
+
+
+def test_paired_difference_is_the_student_t_interval():
+    d = [0.299, -0.113, -0.117]
+    half = 4.302652729911275 * np.std(d, ddof=1) / math.sqrt(3)  # t_{0.975, 2}, from tables
+    iv = paired_difference({s: 1.0 + x for s, x in enumerate(d)}, {0: 1.0, 1: 1.0, 2: 1.0})
+    assert iv.low == pytest.approx(np.mean(d) - half) and iv.high == pytest.approx(np.mean(d) + half)
+    assert iv.n == 3 and not iv.excludes_zero
+
+
+def test_three_same_sign_differences_are_not_a_difference_by_themselves():
+    # FairFed's Fairness Score on the group-skew table: the percentile bootstrap of 3 values never leaves their
+    # range, so it excluded 0; the t-interval with 2 degrees of freedom does not.
+    d = [-0.003, -0.007, -0.066]
+    assert bootstrap_interval(d).excludes_zero
+    diff = paired_difference(dict(enumerate(d)), {0: 0.0, 1: 0.0, 2: 0.0})
+    assert diff.low < 0 < diff.high and not diff.excludes_zero
+    # the same differences over 5 seeds of a tight, consistent shift do exclude 0
+    assert t_interval([-0.010, -0.012, -0.011, -0.009, -0.013]).high < 0
+
+
+def test_constant_and_missing_differences():
+    same = paired_difference({0: 0.4, 1: 0.5, 2: 0.6}, {0: 0.5, 1: 0.6, 2: 0.7})
+    assert (same.low, same.high, same.std) == pytest.approx((-0.1, -0.1, 0.0)) and same.excludes_zero
+    zero = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
+    assert (zero.low, zero.high) == (0.0, 0.0) and not zero.excludes_zero
+    assert not paired_difference({0: 1.0}, {0: 0.5}).excludes_zero
+
+
+def test_table_md_lists_each_paired_difference_with_its_interval():
+    from resfl_lightning.table import COLUMNS, difference_lines, summarise
+
+    base = {s: {k: 0.5 + 0.1 * s for _, k, _ in COLUMNS} for s in range(3)}
+    shifted = {s: {k: v - 0.05 for k, v in row.items()} for s, row in base.items()}
+    noisy = {s: {k: v + (0.2, -0.1, -0.05)[s] for k, v in row.items()} for s, row in base.items()}
+    lines = difference_lines(summarise({"fedavg": base, "shifted": shifted, "noisy": noisy}))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert "fedavg" not in rows and "**-0.050 [-0.050, -0.050]**" in rows["shifted"]
+    assert "+0.017 [" in rows["noisy"] and "**" not in rows["noisy"]
 
 
 @pytest.mark.slow
