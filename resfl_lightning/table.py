@@ -179,7 +179,7 @@ def write_outputs(out: Path, summary: dict, header: str) -> None:
         writer.writerows(rows)
     from resfl_lightning.evaluation.pareto import plot_pareto
 
-    plot_pareto(summary, out / "pareto.png", title=header.lstrip("# "))
+    plot_pareto(summary, out / "pareto.png", title=header.lstrip("# ").split(" (")[0])  # no timing in the figure
 
 
 def difference_lines(summary: dict) -> list[str]:
@@ -208,7 +208,25 @@ MECHANISM_COLUMNS = [
     ("Spearman(UFM, val ΔEOP)", "spearman"),
     ("max client weight", "max_weight"),
     ("all-gated rounds", "gated_uniform_rounds"),
+    ("weight of a quality-skewed client", "weight_skewed"),
+    ("weight of a clean client", "weight_clean"),
 ]
+
+
+def quality_skewed_clients(run_dir: Path) -> list[int] | None:
+    """The clients scenario=quality_skew degraded in a run (from its config.yaml), None for other scenarios."""
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.data.quality_skew import skewed_clients
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    cfg = OmegaConf.load(path)
+    qs = cfg.get("dataset", {}).get("quality_skew")
+    if not qs:
+        return None
+    return skewed_clients(int(cfg.dataset.num_clients), float(qs.client_fraction), int(cfg.seed))
 
 
 def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
@@ -219,11 +237,13 @@ def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
              "bootstrap SE of raw UFM against its spread (std) across clients, medians over the rounds in which raw "
              "UFM differed across clients (before the model detects anyone every client's UFM is 0), the mean "
              "per-round Spearman correlation of client UFM with client validation ΔEOP, the mean largest client "
-             "weight (1/N = uniform) and the rounds in which every client was gated.", "",
+             "weight (1/N = uniform), the rounds in which every client was gated and, under quality_skew, the mean "
+             "weight of a degraded and of a clean client over the rounds in which raw UFM differed.", "",
              "| method | " + " | ".join(h for h, _ in MECHANISM_COLUMNS) + " |",
              "| --- |" + " ---: |" * len(MECHANISM_COLUMNS)]
     for method in methods:
-        per_seed = [run_mechanism(load_rounds(run_dir_for(out, method, seed)).rows) for seed in range(seeds)]
+        runs = [run_dir_for(out, method, seed) for seed in range(seeds)]
+        per_seed = [run_mechanism(load_rounds(rd).rows, quality_skewed_clients(rd)) for rd in runs]
         cells = []
         for _, key in MECHANISM_COLUMNS:
             x = np.array([m[key] for m in per_seed], dtype=float)

@@ -36,3 +36,37 @@ def test_run_mechanism_without_client_values_is_nan_not_an_error():
     m = run_mechanism([{"round": 0}])
     assert math.isnan(m["ufm_se"]) and math.isnan(m["se_over_spread"]) and math.isnan(m["spearman"])
     assert m["gated_uniform_rounds"] == 0.0
+
+
+def test_weights_of_quality_skewed_and_clean_clients_over_informative_rounds():
+    rows = [
+        {"round": 0, "client/0/ufm_raw": 0.0, "client/1/ufm_raw": 0.0, "client/2/ufm_raw": 0.0,
+         "client/0/weight": 0.9, "client/1/weight": 0.05, "client/2/weight": 0.05},  # ranks nothing: left out
+        {"round": 1, "client/0/ufm_raw": 2.0, "client/1/ufm_raw": 1.0, "client/2/ufm_raw": 0.5,
+         "client/0/weight": 0.1, "client/1/weight": 0.3, "client/2/weight": 0.6},
+        {"round": 2, "client/0/ufm_raw": 1.5, "client/1/ufm_raw": 1.0, "client/2/ufm_raw": 1.0,
+         "client/0/weight": 0.2, "client/1/weight": 0.4, "client/2/weight": None},
+    ]
+    m = run_mechanism(rows, skewed=[0])
+    assert m["weight_skewed"] == pytest.approx((0.1 + 0.2) / 2)
+    assert m["weight_clean"] == pytest.approx((0.3 + 0.6 + 0.4) / 3)
+    plain = run_mechanism(rows)
+    assert math.isnan(plain["weight_skewed"]) and math.isnan(plain["weight_clean"])
+
+
+def test_table_finds_the_quality_skewed_clients_of_a_run(tmp_path):
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.table import quality_skewed_clients
+
+    qs = {"client_fraction": 0.5, "group": None, "dim": 0.35, "missing_rate": 0.3}
+    for seed, expected in ((0, [0, 2]), (1, [2, 3])):  # what the runs of the quality_skew table printed
+        run = tmp_path / f"s{seed}"
+        run.mkdir()
+        OmegaConf.save(OmegaConf.create({"seed": seed, "dataset": {"num_clients": 4, "quality_skew": qs}}),
+                       run / "config.yaml")
+        assert quality_skewed_clients(run) == expected
+    iid = tmp_path / "iid"
+    iid.mkdir()
+    OmegaConf.save(OmegaConf.create({"seed": 0, "dataset": {"num_clients": 4}}), iid / "config.yaml")
+    assert quality_skewed_clients(iid) is None and quality_skewed_clients(tmp_path / "missing") is None

@@ -28,12 +28,23 @@ def _client_values(row: dict, suffix: str) -> list[float]:
     return [float(row[k]) for k in keys if isinstance(row[k], (int, float)) and math.isfinite(float(row[k]))]
 
 
+def _client_weights(row: dict) -> dict[int, float]:
+    """client id -> finite aggregation weight (client/<i>/weight) in one round's metrics row."""
+    out = {}
+    for k, v in row.items():
+        parts = k.split("/")
+        if len(parts) == 3 and parts[0] == "client" and parts[2] == "weight" and isinstance(v, (int, float)):
+            if math.isfinite(float(v)):
+                out[int(parts[1])] = float(v)
+    return out
+
+
 def _nanmean(values: list[float]) -> float:
     finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
     return float(np.mean(finite)) if finite else math.nan
 
 
-def run_mechanism(rows: Sequence[dict]) -> dict[str, float]:
+def run_mechanism(rows: Sequence[dict], skewed: Sequence[int] | None = None) -> dict[str, float]:
     """What UFM weighting had to act on in one run, from its per-round metrics rows (metrics.jsonl).
 
     Over the informative rounds, those where raw UFM differs across clients (early on nothing is detected and every
@@ -44,14 +55,19 @@ def run_mechanism(rows: Sequence[dict]) -> dict[str, float]:
     - informative_rounds: how many rounds that was.
     Over every round: spearman, the mean Spearman correlation of client UFM vs client validation ΔEOP (undefined
     rounds skipped); max_weight, the mean largest client weight (1/N: uniform averaging); gated_uniform_rounds,
-    rounds in which every client was gated (the weights fell back to uniform)."""
-    se, spread = [], []
+    rounds in which every client was gated (the weights fell back to uniform).
+    With `skewed` (the quality_skew scenario's degraded clients): weight_skewed / weight_clean, the mean aggregation
+    weight of a skewed / a clean client over the informative rounds (equal: the weighting did not single them out)."""
+    se, spread, w_skewed, w_clean = [], [], [], []
+    skewed_ids = set(skewed or ())
     for row in rows:
         u = _client_values(row, "ufm_raw")
         if len(u) >= 2 and float(np.std(u)) > 0:
             spread.append(float(np.std(u)))
             s = _client_values(row, "ufm_se")
             se.append(float(np.median(s)) if s else math.nan)
+            for cid, w in _client_weights(row).items():
+                (w_skewed if cid in skewed_ids else w_clean).append(w)
     med_se = float(np.nanmedian(se)) if se and not all(math.isnan(x) for x in se) else math.nan
     med_spread = float(np.median(spread)) if spread else math.nan
     ratio = med_se / med_spread if spread else math.nan
@@ -59,4 +75,6 @@ def run_mechanism(rows: Sequence[dict]) -> dict[str, float]:
             "informative_rounds": float(len(spread)),
             "spearman": _nanmean([r.get("mechanism/spearman_ufm_val_delta_eop", math.nan) for r in rows]),
             "max_weight": _nanmean([r.get("clients/max_weight", math.nan) for r in rows]),
-            "gated_uniform_rounds": float(sum(float(r.get("aggregation/gated_uniform") or 0.0) for r in rows))}
+            "gated_uniform_rounds": float(sum(float(r.get("aggregation/gated_uniform") or 0.0) for r in rows)),
+            "weight_skewed": _nanmean(w_skewed) if skewed_ids else math.nan,
+            "weight_clean": _nanmean(w_clean) if skewed_ids else math.nan}
