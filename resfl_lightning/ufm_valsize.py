@@ -74,7 +74,7 @@ def client_units(run_dir: Path, images: int, val_fraction: float):
     with torch.no_grad():
         for c in range(data.num_clients):
             preds, gts, _ = client.collect(data.val_loader(c))
-            out[c] = [u for u in (client._ufm_units(preds, gts) or []) if u]
+            out[c] = [u for u in (client.ufm_units(preds, gts) or []) if u]
     return out, client.ufm
 
 

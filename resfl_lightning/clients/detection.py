@@ -115,12 +115,12 @@ class DetectionClient(FederatedClient):
         return preds, gts, loss, (feats[0] if feats else None)
 
     def _ufm(self, preds: list[dict], gts: list[dict], features=None):
-        units = self._ufm_units(preds, gts, features)
+        units = self.ufm_units(preds, gts, features)
         if units is None:
             return insufficient_ufm()
         return ufm_from_units(units, evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
 
-    def _ufm_units(self, preds: list[dict], gts: list[dict], features=None) -> list[dict[int, float]] | None:
+    def ufm_units(self, preds: list[dict], gts: list[dict], features=None) -> list[dict[int, float]] | None:
         """Per-image group evidence over the UFM cohorts, or None when fewer than two cohorts are usable."""
         u = self.ufm
         cohorts = ufm_cohorts(preds, gts, u, self.num_groups, seed=self.client_id + 1000 * self.round_idx,
@@ -136,7 +136,7 @@ class DetectionClient(FederatedClient):
     def evaluate(self, loader) -> EvalResult:
         preds, gts, loss, feats = self._collect_for_ufm(loader)
         ap = detection_map(preds, gts)
-        units = self._ufm_units(preds, gts, feats)
+        units = self.ufm_units(preds, gts, feats)
         u = self.ufm
         fair = detection_fairness(list(zip(preds, gts)), self.num_groups, iou_threshold=u.iou_threshold,
                                   score_threshold=u.score_threshold)
