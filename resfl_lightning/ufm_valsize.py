@@ -28,7 +28,7 @@ def se_and_spread_by_size(units: Mapping[int, Units], sizes: Sequence[int], draw
     """Per size n (at most the smallest client's unit count): over `draws` random n-subsets of every client's units,
     the mean of the clients' median bootstrap SE of UFM and the mean spread (std across clients) of UFM."""
     rng = np.random.default_rng(seed)
-    smallest = min(len(v) for v in units.values())
+    smallest = min((len(v) for v in units.values()), default=0)
     rows = []
     for n in sizes:
         if n > smallest:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draws", type=int, default=10)
     a = p.parse_args(argv)
     units, ufm = client_units(a.run_dir, a.images, a.val_fraction)
-    full = {c: ufm_from_units(v, ufm.evidence_floor, ufm.eps).ufm for c, v in units.items()}
+    full = {c: ufm_from_units(v, ufm.evidence_floor, ufm.eps).ufm if v else math.nan for c, v in units.items()}
     rows = se_and_spread_by_size(units, [int(s) for s in a.sizes.split(",")], draws=a.draws,
                                  evidence_floor=ufm.evidence_floor, eps=ufm.eps)
     print(json.dumps({"run": str(a.run_dir), "val_images": {c: len(v) for c, v in units.items()},

@@ -27,3 +27,38 @@ def test_more_validation_images_shrink_the_bootstrap_se():
     se = [r["se"] for r in rows]
     assert se[0] > se[1] > se[2] > 0
     assert se[2] == pytest.approx(se[0] / 4, rel=0.35)  # ~1/sqrt(n): 16x the images, a quarter of the SE
+
+
+@pytest.mark.slow
+def test_cli_on_a_run_reproduces_the_clients_own_validation_ufm(tmp_path, capsys):
+    """On the run's own validation split, the CLI's UFM per client equals what the client's evaluate() reports."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.builders import build_client
+    from resfl_lightning.data.federated import build_federated_data
+    from resfl_lightning.export import load_evidential
+    from resfl_lightning.train import run
+    from resfl_lightning.ufm_valsize import main
+    from tests.helpers import compose_config
+
+    run_dir = tmp_path / "run"
+    run(compose_config("logger=none", "progress=false", "model.scale=femto", "dataset.num_images=160",
+                       "dataset.val_fraction=0.5",
+                       "dataset.extra_reserve_images=0", f"dataset.cache_dir={tmp_path / 'cache'}",
+                       "federation.rounds=1", "scenario=quality_skew", "ufm.score_threshold=0.0",
+                       "ufm.iou_threshold=0.05", f"run_dir={run_dir}"))  # low thresholds: an untrained model matches
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    capsys.readouterr()  # the training run's own output
+    assert main([str(run_dir), "--images", str(cfg.dataset.num_images), "--val-fraction",
+                 str(cfg.dataset.val_fraction), "--sizes", "2", "--draws", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    data = build_federated_data(cfg.dataset, seed=cfg.seed, printer=lambda *_: None)
+    client = build_client(cfg, data)
+    client.model.load_state_dict(load_evidential(run_dir / "export" / "global.pt")[0].state_dict())
+    for c in range(data.num_clients):
+        expected = client.evaluate(data.val_loader(c)).ufm_raw
+        assert out["ufm_all_images"][str(c)] == pytest.approx(expected, abs=1e-6)
+    assert len({round(v, 6) for v in out["ufm_all_images"].values()}) > 1  # not the trivial all-zero UFM
+    assert [r["n"] for r in out["by_size"]] == [2]
