@@ -213,20 +213,16 @@ MECHANISM_COLUMNS = [
 ]
 
 
-def quality_skewed_clients(run_dir: Path) -> list[int] | None:
-    """The clients scenario=quality_skew degraded in a run (from its config.yaml), None for other scenarios."""
-    from omegaconf import OmegaConf
-
+def quality_skewed_clients(config: dict) -> list[int] | None:
+    """The clients scenario=quality_skew degraded in a run (from its config, as report.load_run reads it), None for
+    other scenarios or a run without a config."""
     from resfl_lightning.data.quality_skew import skewed_clients
 
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return None
-    cfg = OmegaConf.load(path)
-    qs = cfg.get("dataset", {}).get("quality_skew")
+    dataset = config.get("dataset") or {}
+    qs = dataset.get("quality_skew")
     if not qs:
         return None
-    return skewed_clients(int(cfg.dataset.num_clients), float(qs.client_fraction), int(cfg.seed))
+    return skewed_clients(int(dataset["num_clients"]), float(qs["client_fraction"]), int(config["seed"]))
 
 
 def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
@@ -242,8 +238,8 @@ def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
              "| method | " + " | ".join(h for h, _ in MECHANISM_COLUMNS) + " |",
              "| --- |" + " ---: |" * len(MECHANISM_COLUMNS)]
     for method in methods:
-        runs = [run_dir_for(out, method, seed) for seed in range(seeds)]
-        per_seed = [run_mechanism(load_rounds(rd).rows, quality_skewed_clients(rd)) for rd in runs]
+        runs = [load_rounds(run_dir_for(out, method, seed)) for seed in range(seeds)]
+        per_seed = [run_mechanism(r.rows, quality_skewed_clients(r.config)) for r in runs]
         cells = []
         for _, key in MECHANISM_COLUMNS:
             x = np.array([m[key] for m in per_seed], dtype=float)

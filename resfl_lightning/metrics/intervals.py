@@ -32,9 +32,14 @@ class Interval:
         return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
 
+def _finite(values) -> np.ndarray:
+    """The values as a float array, None and NaN dropped."""
+    return np.asarray([v for v in values if v is not None and not math.isnan(float(v))], dtype=float)
+
+
 def bootstrap_interval(values, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> Interval:
     """Mean, std and the percentile-bootstrap interval of the mean (scipy.stats.bootstrap); NaNs are dropped."""
-    x = np.asarray([v for v in values if v is not None and not math.isnan(float(v))], dtype=float)
+    x = _finite(values)
     if x.size == 0:
         return Interval(math.nan, math.nan, math.nan, math.nan, 0)
     mean, std = float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else math.nan
@@ -51,7 +56,7 @@ def t_interval(values, confidence: float = 0.95) -> Interval:
 
     Zero spread gives the point interval [mean, mean]: a difference that is the same on every seed.
     """
-    x = np.asarray([v for v in values if v is not None and not math.isnan(float(v))], dtype=float)
+    x = _finite(values)
     if x.size < 2:
         return Interval(float(x.mean()) if x.size else math.nan, math.nan, math.nan, math.nan, int(x.size))
     mean, std = float(x.mean()), float(x.std(ddof=1))
