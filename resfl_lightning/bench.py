@@ -1,5 +1,5 @@
-"""Benchmarks (make bench), measured in one run: step-time ratios of the composite losses, aggregation cost, a
-federated round of the train entry point against a plain loop, the DEVICES=2 speed-up and the time to the first
+"""Benchmarks (make bench), measured in one run: step-time ratios of the composite losses and of DP-SGD, aggregation
+cost, a federated round of the train entry point against a plain loop, the DEVICES=2 speed-up and the time to the first
 local step (bench_round.py), and peak RSS for 4 / 100 / 1,000 virtual clients (bench_scale.py).
 
     python -m resfl_lightning.bench [--scale n] [--image-size 128] [--batch 16] [--steps 10] [--clients 8]
@@ -12,6 +12,7 @@ a smoke test of the machinery, not a measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -59,6 +60,44 @@ def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, s
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
+    return times[2:]
+
+
+def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str | None) -> list[float]:
+    """FedAvg-DP's detector step (GroupNorm model): dp None (no DP-SGD), "before" (opacus' DPOptimizer and the
+    image-by-image loss loop) or "client" (ClientDPOptimizer and the batched per-image loss the simulator uses)."""
+    from unittest import mock
+
+    from opacus.optimizers import DPOptimizer
+
+    from resfl_lightning.losses.per_image import per_image_loss_loop
+    from resfl_lightning.privacy.dp import ClientDP, DPSettings, prepare_model
+
+    torch.manual_seed(0)
+    client = DetectionClient(_spec(scale, image_size), 3, VARIANTS["fedavg (task only)"], UfmSettings(),
+                             OptimSettings(lr=0.01))
+    client.model = prepare_model(client.model)
+    client.criterion = type(client.criterion)(client.model)
+    if dp is not None:
+        client.dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0), client.model)
+        client.dp.q = 0.1  # the accountant's sample rate (its bookkeeping only)
+    client.train()
+    opt = client.configure_optimizers()
+    if dp is not None:
+        opt.noise_multiplier, opt.expected_batch_size = 1.0, len(batch["img"])
+        if dp == "before":
+            opt.__class__ = DPOptimizer  # same object and state; only scale_grad differs
+    loss_fn = per_image_loss_loop if dp == "before" else None
+    times = []
+    with mock.patch("resfl_lightning.clients.detection.per_image_detection_loss", loss_fn) if loss_fn else \
+            contextlib.nullcontext():
+        for i in range(steps + 2):  # two warm-up steps
+            t0 = time.perf_counter()
+            loss = client.training_step(batch, i)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
     return times[2:]
 
 
@@ -111,6 +150,16 @@ def main(argv: list[str] | None = None) -> None:
         base = base or med
         table.add_row(name, f"{med:.3f}", f"{med / base:.2f}x")
     console.print(table)
+    dp_table = Table(title="DP-SGD step (FedAvg-DP: GroupNorm detector, per-example clipping and noise)")
+    for col in ("variant", "median s/step", "ratio vs no DP", "ratio vs before"):
+        dp_table.add_column(col, justify="right" if col != "variant" else "left")
+    dp_med = {dp: statistics.median(dp_step_times(args.scale, args.image_size, batch, args.steps, dp))
+              for dp in (None, "before", "client")}
+    for dp, name in ((None, "no DP-SGD"), ("before", "DP-SGD before: loss image by image, opacus optimizer"),
+                     ("client", "DP-SGD now: batched per-image loss, ClientDPOptimizer")):
+        dp_table.add_row(name, f"{dp_med[dp]:.3f}", f"{dp_med[dp] / dp_med[None]:.2f}x",
+                         f"{dp_med[dp] / dp_med['before']:.2f}x")
+    console.print(dp_table)
     numel, per_client, mem_units = aggregation_cost(args.scale, args.image_size, args.clients)
     agg = Table(title=f"aggregation over {args.clients} clients (|theta| = {numel:,} floats)")
     agg.add_column("measure")

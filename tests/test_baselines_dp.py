@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from helpers import compose_config, tiny_batch
 from opacus.accountants import PRVAccountant
 from opacus.accountants.utils import get_noise_multiplier
+from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from test_tabular_client import NUM_FEATURES, NUM_GROUPS, toy_data
 
@@ -24,6 +25,7 @@ from resfl_lightning.models.tabular import TabularNet
 from resfl_lightning.models.yolo import EvidentialYOLO, YoloSpec
 from resfl_lightning.privacy.dp import (
     ClientDP,
+    ClientDPOptimizer,
     DPSettings,
     noise_multiplier_for,
     planned_steps,
@@ -188,3 +190,66 @@ def test_per_image_detection_loss_is_the_batch_loss_for_one_image_and_decouples_
         ref = torch.cat([g.reshape(-1) for g in torch.autograd.grad(task, params)])
         assert float((hooks[i] - ref).norm() / ref.norm()) < 1e-3  # float32 through a deep conv net
         assert float((coupled[i] - ref).norm() / ref.norm()) > 0.05
+
+
+
+def _noisy_dp_step(optimizer_class) -> list[torch.Tensor]:
+    """The parameters after one noisy DP-SGD step (seeded noise) of a small GradSampleModule model."""
+    from opacus import GradSampleModule
+
+    torch.manual_seed(0)
+    model = GradSampleModule(prepare_model(TabularNet(NUM_FEATURES, (16, 8))), loss_reduction="mean")
+    batch = next(iter(toy_data(batch_size=16).train_loader(0, seed=1)))
+    optimizer = optimizer_class(torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=1.3,
+                                max_grad_norm=0.1, expected_batch_size=16, loss_reduction="mean",
+                                generator=torch.Generator().manual_seed(7))
+    F.cross_entropy(model(batch["x"]).logits, batch["y"].long()).backward()
+    optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_client_dp_optimizer_step_is_opacus_step_with_one_divisor_read(monkeypatch):
+    """ClientDPOptimizer takes exactly opacus' noisy step (same noise stream: bitwise-equal parameters) while
+    reading accumulated_iterations (a pass over every parameter) once per step, not once per parameter."""
+    reads = []
+    original = DPOptimizer.accumulated_iterations
+    monkeypatch.setattr(DPOptimizer, "accumulated_iterations",
+                        property(lambda self: reads.append(1) or original.fget(self)))
+    after_ours = _noisy_dp_step(ClientDPOptimizer)
+    ours, reads[:] = len(reads), []
+    after_theirs = _noisy_dp_step(DPOptimizer)
+    for a, b in zip(after_ours, after_theirs, strict=True):
+        assert torch.equal(a, b)
+    assert ours == 1 and len(reads) == len(after_ours) > 1
+
+
+def test_batched_per_image_loss_equals_the_image_by_image_definition():
+    """One batched pass gives every field of the image-by-image loss (the criterion on each image alone, then the
+    mean), on images with many, few and no persons, and the same gradient."""
+    from resfl_lightning.bench import synthetic_batch
+    from resfl_lightning.losses.per_image import per_image_loss_loop
+
+    torch.manual_seed(0)
+    cfg = compose_config("algorithm=fedavg_dp", "model.scale=femto", "logger=none", "dataset.image_size=64")
+    client = build_client(cfg, SimpleNamespace(num_groups=3, num_classes=1))
+    client.dp.set_training(False)
+    batch = synthetic_batch(64, 5)
+    keep = batch["batch_idx"] != 2  # image 2 has no box at all
+    batch = {k: (v[keep] if k in ("cls", "bboxes", "groups", "batch_idx", "proxy") else v) for k, v in batch.items()}
+    counts = torch.bincount(batch["batch_idx"].long(), minlength=5)
+    assert counts[2] == 0 and counts.max() > counts[counts > 0].min()
+    params = [p for p in client.model.parameters() if p.requires_grad]
+    results = []
+    for loss in (per_image_detection_loss, per_image_loss_loop):
+        res = loss(client.criterion, client.model(batch["img"]), batch)
+        grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(res.task, params)])
+        results.append((res, grad))
+    (fast, g_fast), (loop, g_loop) = results
+    torch.testing.assert_close(fast.task, loop.task)
+    for k in loop.parts:
+        torch.testing.assert_close(fast.parts[k], loop.parts[k])
+    for field in ("per_image_cls", "fg_unc", "fg_nig_reg", "fg_groups"):
+        torch.testing.assert_close(getattr(fast, field), getattr(loop, field))
+    assert float((g_fast - g_loop).norm() / g_loop.norm()) < 1e-4
+    # Not the batch-normalised loss: images with more persons would weigh more there.
+    assert abs(float(client.criterion.compute(client.model(batch["img"]), batch).task - loop.task)) > 1e-3

@@ -71,3 +71,15 @@ def test_step_time_aggregation_and_scale_rows(printed):
     for n in ("4", "20"):  # N, k, steps, s/step, vs N=4, vs plain, states, RSS MB, RSS vs N=4
         for cell in printed[n]:
             _positive(cell)
+
+
+def test_dp_step_rows(printed):
+    """The DP-SGD table: no DP, the image-by-image loss with opacus' optimizer, and the simulator's step; each a
+    positive step time and its ratios against the first two."""
+    labels = ("no DP-SGD", "DP-SGD before: loss image by image, opacus optimizer",
+              "DP-SGD now: batched per-image loss, ClientDPOptimizer")
+    for label in labels:
+        assert label in printed, (label, sorted(printed))
+        for cell in printed[label][:3]:
+            _positive(cell)
+    assert printed[labels[0]][1] == "1.00x" and printed[labels[1]][2] == "1.00x"

@@ -222,3 +222,19 @@ def test_fisher_curvature_helper_predicate_and_all_params():
     assert abs(eig - top) / top < 1e-3
     with pytest.raises(ValueError, match="iters"):
         FisherCurvature(iters=0)
+
+
+def test_warm_start_normalises_with_one_norm_over_all_tensors(monkeypatch):
+    """The warm-start vector is v0 / ||v0|| over all tensors, with the norm taken once (a norm per tensor made every
+    step's warm start O(P^2) in the number of parameter tensors)."""
+    import resfl_lightning.losses.curvature as curvature
+
+    params = [torch.zeros(3, 2) for _ in range(40)]
+    v0 = [torch.randn(3, 2, generator=torch.Generator().manual_seed(i)) for i in range(40)]
+    calls = []
+    norm = curvature._norm
+    monkeypatch.setattr(curvature, "_norm", lambda a: calls.append(1) or norm(a))
+    v = curvature._initial_vector(params, v0, None)
+    total = torch.cat([a.reshape(-1) for a in v0]).norm()
+    torch.testing.assert_close(torch.cat([a.reshape(-1) for a in v]), torch.cat([a.reshape(-1) for a in v0]) / total)
+    assert len(calls) == 1

@@ -100,8 +100,9 @@ def _initial_vector(
                 f"{[tuple(a.shape) for a in v0]} do not match parameter shapes {[tuple(p.shape) for p in params]}"
             )
         v = [a.detach().to(device=p.device, dtype=p.dtype) for a, p in zip(v0, params, strict=True)]
-        if float(_norm(v)) > 0.0:
-            return [x / _norm(v) for x in v]
+        norm = _norm(v)  # once: a norm per parameter tensor made every warm start O(P^2)
+        if float(norm) > 0.0:
+            return [x / norm for x in v]
     v = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
     n = _norm(v)
     return [x / n for x in v]

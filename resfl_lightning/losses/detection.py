@@ -58,7 +58,9 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         out[bi, within] = batch["groups"].long().to(self.device)
         return out
 
-    def compute(self, out: dict, batch: dict) -> DetectionLossOutput:
+    def compute(self, out: dict, batch: dict, per_image: bool = False) -> DetectionLossOutput:
+        """The batch loss, normalised by the batch's target-score sum (ultralytics); with `per_image`, the mean over
+        images of each image's loss normalised by its own target-score sum (per-example DP-SGD, losses/per_image.py)."""
         feats = out["feats"]
         pred_distri = out["boxes"].permute(0, 2, 1).contiguous()
         logits = out["scores"].permute(0, 2, 1).contiguous().float()
@@ -85,10 +87,18 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         y = torch.cat([target_scores, (1.0 - target_scores.sum(-1, keepdim=True)).clamp(min=0)], dim=-1)
 
         nll = dirichlet_nll(alpha, y)  # (B, A)
-        loss_cls = nll.sum() / target_scores_sum
         per_image_cls = nll.sum(1) / target_scores.sum((1, 2)).clamp(min=1)
+        if per_image:
+            # Each anchor's weight divided by its own image's score sum and the sums by B: the box, DFL and NIG terms
+            # (weighted sums over anchors) become means over images of per-image losses.
+            loss_cls = per_image_cls.mean()
+            weights = target_scores / target_scores.sum((1, 2), keepdim=True).clamp(min=1)
+            target_scores_sum = target_scores.new_tensor(float(bsz))
+        else:
+            loss_cls = nll.sum() / target_scores_sum
+            weights = target_scores
         loss_box, loss_dfl = self.bbox_loss(pred_distri, pred_bboxes, anchor_points, target_bboxes / stride_tensor,
-                                            target_scores, target_scores_sum, fg_mask, imgsz, stride_tensor)
+                                            weights, target_scores_sum, fg_mask, imgsz, stride_tensor)
 
         # NIG on assigned boxes, coordinates normalised by the image size (so Var/s^2 needs no rescale).
         scale = imgsz[[1, 0, 1, 0]]
@@ -96,7 +106,7 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         y_box = xyxy2xywh(target_bboxes[fg_mask]) / scale
         gamma = xyxy2xywh((pred_bboxes * stride_tensor)[fg_mask]) / scale
         gamma_nll = gamma.detach() if self.nig_detach_mean else gamma
-        weight = target_scores[fg_mask].sum(-1)
+        weight = weights[fg_mask].sum(-1)
         if fg_mask.any():
             loss_nig = (nig_nll(y_box, gamma_nll, nu, a_nig, beta).mean(-1) * weight).sum() / target_scores_sum
         else:

@@ -1,9 +1,9 @@
 """The detection loss as a mean of independent per-image losses, for per-example DP-SGD.
 
 ultralytics normalises the batch loss by the batch's target-score sum, so one image's gradient depends on every other
-image's targets and the per-example sensitivity bound of DP-SGD does not hold. Here the existing criterion is
-evaluated on each image alone (normalised by that image's own target-score sum) and the batch loss is their mean,
-so opacus' per-sample gradients (loss_reduction="mean") are exactly each image's own gradient.
+image's targets and the per-example sensitivity bound of DP-SGD does not hold. Here each image's loss is normalised
+by that image's own target-score sum and the batch loss is their mean, so opacus' per-sample gradients
+(loss_reduction="mean") are exactly each image's own gradient.
 """
 
 from __future__ import annotations
@@ -28,10 +28,19 @@ def image_targets(batch: dict, i: int) -> dict:
 
 
 def per_image_detection_loss(criterion: EvidentialDetectionLoss, out: dict, batch: dict) -> DetectionLossOutput:
-    """task = mean_i task_i with task_i the criterion on image i alone; the other fields are concatenated/averaged."""
+    """task = mean_i task_i with task_i the criterion on image i alone (one batched pass: the assignment is per image
+    already, and each image's terms are normalised by its own target-score sum); `per_image_loss_loop` is the
+    image-by-image definition it equals."""
+    if out["scores"].shape[0] == 0:
+        raise ValueError("per_image_detection_loss: empty batch (an empty Poisson draw takes a noise-only step)")
+    return criterion.compute(out, batch, per_image=True)
+
+
+def per_image_loss_loop(criterion: EvidentialDetectionLoss, out: dict, batch: dict) -> DetectionLossOutput:
+    """The definition, one criterion call per image (the reference `per_image_detection_loss` is tested against)."""
     bsz = out["scores"].shape[0]
     if bsz == 0:
-        raise ValueError("per_image_detection_loss: empty batch (an empty Poisson draw takes a noise-only step)")
+        raise ValueError("per_image_loss_loop: empty batch")
     results = [criterion.compute(image_slice(out, i), image_targets(batch, i)) for i in range(bsz)]
     task = torch.stack([r.task for r in results]).mean()
     parts = {k: torch.stack([r.parts[k] for r in results]).mean() for k in results[0].parts}

@@ -155,6 +155,19 @@ class PoissonBatches:
                 yield self.collate_fn([self.dataset[i] for i in indices])
 
 
+class ClientDPOptimizer(DPOptimizer):
+    """opacus' DPOptimizer with the mean reduction's divisor computed once per step.
+
+    opacus' `scale_grad` re-reads `accumulated_iterations` (a pass over every parameter) for each parameter: O(P^2)
+    per step, ~2 % of a detector's DP-SGD step (make bench). Same divisor, same division: identical gradients."""
+
+    def scale_grad(self) -> None:
+        if self.loss_reduction == "mean":
+            divisor = self.expected_batch_size * self.accumulated_iterations
+            for p in self.params:
+                p.grad /= divisor
+
+
 class ClientDP:
     """DP-SGD machinery attached to one live client module; the accountant is swapped in per client.
 
@@ -167,7 +180,7 @@ class ClientDP:
         self.model = model
         self.grad_sample = GradSampleModule(model, loss_reduction="mean")  # strict: fails on BatchNorm
         self.accountant = create_accountant(settings.accountant)
-        self.optimizer: DPOptimizer | None = None
+        self.optimizer: ClientDPOptimizer | None = None
         self.q: float | None = None
         self.sigma: float | None = None
 
@@ -198,11 +211,11 @@ class ClientDP:
         else:
             self.grad_sample.disable_hooks()
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> DPOptimizer:
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> ClientDPOptimizer:
         """The client's SGD behind opacus' DPOptimizer; sigma and the expected batch are set per loader."""
         for p in self.model.parameters():
             p.grad_sample = None
-        self.optimizer = DPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
+        self.optimizer = ClientDPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
                                      expected_batch_size=1, loss_reduction="mean")
         self.optimizer.attach_step_hook(self._account)
         return self.optimizer
@@ -240,5 +253,5 @@ class ClientDP:
         optimizer.zero_grad(set_to_none=True)
         return torch.tensor(math.nan, device=params[0].device if params else "cpu")
 
-    def _account(self, optimizer: DPOptimizer) -> None:
+    def _account(self, optimizer: ClientDPOptimizer) -> None:
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.q)
