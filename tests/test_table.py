@@ -160,3 +160,21 @@ def test_pareto_labels_never_pile_up():
     # a long name reaches a neighbour to its right, a short one does not
     assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x" * 30, "y"])[1] != 0
     assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x", "y"]) == [0, 0]
+
+
+def test_pareto_legend_names_methods_of_either_panel_once():
+    """A method with no Fairness Score appears only in the privacy panel; the legend still names it, once."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from resfl_lightning.evaluation.pareto import legend_entries
+
+    fig, axes = plt.subplots(1, 2)
+    axes[0].errorbar([0.1], [0.5], fmt="o", label="fedavg")
+    axes[1].errorbar([0.4], [0.5], fmt="o", label="fedavg")
+    axes[1].errorbar([0.4], [0.0], fmt="s", label="pfu_fl")
+    handles, labels = legend_entries(axes)
+    plt.close(fig)
+    assert labels == ["fedavg", "pfu_fl"] and len(handles) == 2

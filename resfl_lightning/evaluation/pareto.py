@@ -41,6 +41,18 @@ def place_labels(points: list[tuple[float, float]], names: list[str], char_w: fl
     return chosen
 
 
+def legend_entries(axes) -> tuple[list, list[str]]:
+    """Every method plotted in any panel, once, in first-seen order: a method with no Fairness Score (n/a) is still
+    named when its Privacy Score point's label found no free spot."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    return handles, labels
+
+
 def _err(iv) -> tuple[list[float], list[float]]:
     if math.isnan(iv.low):
         return [0.0], [0.0]
@@ -72,7 +84,7 @@ def plot_pareto(summary: dict, path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
         if not shown:
             ax.text(0.5, 0.5, "no run reported this metric", ha="center", va="center", transform=ax.transAxes)
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, labels = legend_entries(axes)
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=7)
     fig.suptitle(title, fontsize=9)
