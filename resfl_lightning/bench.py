@@ -51,12 +51,16 @@ def synthetic_batch(image_size: int, batch: int) -> dict:
 def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int) -> list[float]:
     torch.manual_seed(0)
     client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01))
-    opt = client.configure_optimizers()
+    return timed_steps(client, client.configure_optimizers(), batch, steps)
+
+
+def timed_steps(client: DetectionClient, opt, batch: dict, steps: int) -> list[float]:
+    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps."""
     times = []
-    for i in range(steps + 2):  # two warm-up steps
+    for i in range(steps + 2):
         t0 = time.perf_counter()
         loss = client.training_step(batch, i)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -87,18 +91,9 @@ def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str 
         opt.noise_multiplier, opt.expected_batch_size = 1.0, len(batch["img"])
         if dp == "before":
             opt.__class__ = DPOptimizer  # same object and state; only scale_grad differs
-    loss_fn = per_image_loss_loop if dp == "before" else None
-    times = []
-    with mock.patch("resfl_lightning.clients.detection.per_image_detection_loss", loss_fn) if loss_fn else \
-            contextlib.nullcontext():
-        for i in range(steps + 2):  # two warm-up steps
-            t0 = time.perf_counter()
-            loss = client.training_step(batch, i)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-    return times[2:]
+    with mock.patch("resfl_lightning.clients.detection.per_image_detection_loss", per_image_loss_loop) \
+            if dp == "before" else contextlib.nullcontext():
+        return timed_steps(client, opt, batch, steps)
 
 
 def _spec(scale: str, image_size: int):

@@ -192,7 +192,6 @@ def test_per_image_detection_loss_is_the_batch_loss_for_one_image_and_decouples_
         assert float((coupled[i] - ref).norm() / ref.norm()) > 0.05
 
 
-
 def _noisy_dp_step(optimizer_class) -> list[torch.Tensor]:
     """The parameters after one noisy DP-SGD step (seeded noise) of a small GradSampleModule model."""
     from opacus import GradSampleModule

@@ -87,12 +87,13 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         y = torch.cat([target_scores, (1.0 - target_scores.sum(-1, keepdim=True)).clamp(min=0)], dim=-1)
 
         nll = dirichlet_nll(alpha, y)  # (B, A)
-        per_image_cls = nll.sum(1) / target_scores.sum((1, 2)).clamp(min=1)
+        image_sums = target_scores.sum((1, 2), keepdim=True).clamp(min=1)  # (B, 1, 1)
+        per_image_cls = nll.sum(1) / image_sums.view(-1)
         if per_image:
             # Each anchor's weight divided by its own image's score sum and the sums by B: the box, DFL and NIG terms
             # (weighted sums over anchors) become means over images of per-image losses.
             loss_cls = per_image_cls.mean()
-            weights = target_scores / target_scores.sum((1, 2), keepdim=True).clamp(min=1)
+            weights = target_scores / image_sums
             target_scores_sum = target_scores.new_tensor(float(bsz))
         else:
             loss_cls = nll.sum() / target_scores_sum

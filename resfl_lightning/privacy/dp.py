@@ -212,11 +212,11 @@ class ClientDP:
             self.grad_sample.disable_hooks()
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> ClientDPOptimizer:
-        """The client's SGD behind opacus' DPOptimizer; sigma and the expected batch are set per loader."""
+        """The client's SGD behind ClientDPOptimizer (opacus'); sigma and the expected batch are set per loader."""
         for p in self.model.parameters():
             p.grad_sample = None
         self.optimizer = ClientDPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
-                                     expected_batch_size=1, loss_reduction="mean")
+                                           expected_batch_size=1, loss_reduction="mean")
         self.optimizer.attach_step_hook(self._account)
         return self.optimizer
 
