@@ -115,6 +115,8 @@ class Collectives:
         except PeerFailure:
             raise
         except (RuntimeError, dist.DistError) as err:
+            if ACTIVE_WATCH is not None:  # the launcher: a dead child's exit code says more than gloo's error
+                ACTIVE_WATCH.check_now(wait_s=2.0)
             raise PeerFailure(self._message(round_idx, step, err)) from err
 
     def gather(self, obj, round_idx: int, step: str = "report all_gather") -> list:
@@ -141,28 +143,47 @@ class Collectives:
 class PeerWatch(threading.Thread):
     """On the launching process: when a child rank exits with an error, say which and when, then stop the node."""
 
-    def __init__(self, procs: list[subprocess.Popen], first_rank: int, period_s: float = 0.5):
+    def __init__(self, procs: list[subprocess.Popen], first_rank: int, period_s: float = 0.5, exit_fn=os._exit):
         super().__init__(daemon=True, name="resfl-peer-watch")
-        self.procs, self.first_rank, self.period_s = procs, first_rank, period_s
+        self.procs, self.first_rank, self.period_s, self.exit_fn = procs, first_rank, period_s, exit_fn
+        self._lock = threading.Lock()
 
     def run(self) -> None:
         while True:
             time.sleep(self.period_s)
-            codes = [p.poll() for p in self.procs]
-            if all(c == 0 for c in codes):
+            if all(p.poll() == 0 for p in self.procs):
                 return
-            dead = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if dead:
-                i, code = dead[0]
-                rank = self.first_rank + i + 1
-                sys.stderr.write(f"\nrank {rank} (pid {self.procs[i].pid}) exited with code {code} during round "
-                                 f"{PROGRESS.round_idx} ({PROGRESS.step} on rank {self.first_rank}); stopping every "
-                                 f"rank. {resume_hint()}.\n")
-                sys.stderr.flush()
-                for p in self.procs:  # peers may sit in a collective that never completes
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGKILL)
-                os._exit(1)
+            self._stop_if_a_child_died()
+
+    def check_now(self, wait_s: float) -> None:
+        """Called by a failed collective on this process: gloo often notices a dead peer before the next poll, so
+        wait up to wait_s for a child's exit code and report it the same way; returns when every child still runs."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._stop_if_a_child_died()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+    def _stop_if_a_child_died(self) -> None:
+        with self._lock:
+            dead = [(i, c) for i, c in enumerate(p.poll() for p in self.procs) if c not in (None, 0)]
+            if not dead:
+                return
+            i, code = dead[0]
+            rank = self.first_rank + i + 1
+            sys.stderr.write(f"\nrank {rank} (pid {self.procs[i].pid}) exited with code {code} during round "
+                             f"{PROGRESS.round_idx} ({PROGRESS.step} on rank {self.first_rank}); stopping every "
+                             f"rank. {resume_hint()}.\n")
+            sys.stderr.flush()
+            for p in self.procs:  # peers may sit in a collective that never completes
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+            self.exit_fn(1)
+
+
+# The launching process's PeerWatch (None elsewhere), so a failed collective there can ask it first.
+ACTIVE_WATCH: PeerWatch | None = None
 
 
 class WatchedLauncher(_SubprocessScriptLauncher):
@@ -172,7 +193,9 @@ class WatchedLauncher(_SubprocessScriptLauncher):
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
             self._call_children_scripts()
-            PeerWatch(self.procs, first_rank=self.cluster_environment.node_rank() * self.num_processes).start()
+            global ACTIVE_WATCH
+            ACTIVE_WATCH = PeerWatch(self.procs, first_rank=self.cluster_environment.node_rank() * self.num_processes)
+            ACTIVE_WATCH.start()
         _set_num_threads_if_needed(num_processes=self.num_processes)
         return function(*args, **kwargs)
 
