@@ -3,9 +3,10 @@
     python -m resfl_lightning.table --dataset adult [--methods fedavg,resfl] [--seeds 5] [--scenario iid]
                                     [--jobs 2] [--robustness] [--out DIR] [HYDRA_OVERRIDES ...]
 
-Runs are resumable: a run whose summary.json exists is skipped. `--jobs N` trains N runs at once (one process each,
-one thread per process); a run that fails does not stop the others: the table is written once every run finished,
-and a re-invocation retries the failed ones. Every method gets the same dataset, scenario, model,
+Runs are resumable: a run whose summary.json exists is skipped, once its saved config is checked to be what its
+command composes to now. `--jobs N` trains N runs at once (one process each, one thread per process); a run that
+fails does not stop the others: the table is written once every run finished, and a re-invocation retries the
+failed ones. Every method gets the same dataset, scenario, model,
 schedule, horizon and overrides; only its `algorithm=` preset (and, for the label-free RESFL rows, the UFM cohort
 mode) differs. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png (and a W&B Table with --wandb).
 """
@@ -29,6 +30,7 @@ from resfl_lightning.compare import compare_runs, load_run, run_privacy_score
 from resfl_lightning.metrics.intervals import Interval, bootstrap_interval, paired_difference
 from resfl_lightning.metrics.mechanism import run_mechanism
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_settings import finished_run_mismatch
 
 BASELINE = "fedavg"
 # Method rows, fixed before any result was looked at: name -> overrides on top of the common ones.
@@ -87,18 +89,44 @@ def table_preset(dataset: str) -> list[str]:
     return [f"experiment=table_{dataset}"] if (conf_dir() / "experiment" / f"table_{dataset}.yaml").is_file() else []
 
 
+def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
+                    overrides: list[str]) -> list[str]:
+    """The Hydra overrides of one table run: the common ones, the method's, then the user's (which win)."""
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *METHODS[method], f"seed={seed}",
+            f"attack={attack}", *([PRIVACY_ATTACKS] if attack == "privacy" else []), f"run_dir={run_dir}",
+            "logger=none", "progress=false", *overrides]
+
+
 def train_command(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
                   overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "resfl_lightning.train", f"dataset={dataset}", f"scenario={scenario}",
-            *table_preset(dataset), *METHODS[method], f"seed={seed}", f"attack={attack}",
-            *([PRIVACY_ATTACKS] if attack == "privacy" else []), f"run_dir={run_dir}", "logger=none",
-            "progress=false", *overrides]
+    return [sys.executable, "-m", "resfl_lightning.train",
+            *train_overrides(dataset, scenario, method, seed, run_dir, attack, overrides)]
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / "summary.json").is_file() and (run_dir / "table_wall_s.json").is_file()
+
+
+def stale_runs(jobs: list[tuple[str, int, str]], out: Path, args) -> list[str]:
+    """Finished runs (which the table would skip) whose saved config differs from what their command composes to
+    now: an older preset or other ARGS. One line each, naming the run and the first differing settings."""
+    stale = []
+    for m, s, a in jobs:
+        rd = run_dir_for(out, m, s, a)
+        if not is_finished(rd):
+            continue
+        diff = finished_run_mismatch(rd, train_overrides(args.dataset, args.scenario, m, s, rd, a,
+                                                         list(args.overrides)))
+        if diff:
+            more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+            stale.append(f"{rd}: " + "; ".join(diff[:4]) + more)
+    return stale
 
 
 def run_one(cmd: list[str], run_dir: Path) -> float:
     """Train one run unless it already finished; returns its wall time (stored beside the run)."""
     timing = run_dir / "table_wall_s.json"
-    if (run_dir / "summary.json").is_file() and timing.is_file():
+    if is_finished(run_dir):
         return float(json.loads(timing.read_text())["wall_s"])
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -322,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     t0 = time.perf_counter()
     jobs = [(m, s, a) for s in range(args.seeds) for m in methods for a in attacks]
+    stale = stale_runs(jobs, out, args)
+    if stale:
+        raise SystemExit(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+                         "gives them (older table preset or other ARGS); a table mixing them would compare unlike "
+                         "runs. Move them away or pass --out DIR:\n" + "\n".join(stale))
     failures = run_all(jobs, out, args, len(jobs))
     if failures:
         raise SystemExit(f"{len(failures)} of {len(jobs)} runs failed (re-run the same command to retry them):\n"

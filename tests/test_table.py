@@ -97,8 +97,22 @@ def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_p
     mechanism = (out / "table.md").read_text().split("What UFM weighting had to act on")[1]
     assert mechanism.count("| resfl |") == 1 and mechanism.count("| fedavg |") == 1  # one mechanism row a method
     before = (out / "resfl-s1" / "table_wall_s.json").read_text()
-    assert main(args) == 0  # resumable: finished runs are not trained again
+    assert main(args) == 0  # resumable: finished runs are not trained again (their saved configs match)
     assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
+    # other settings for the same folder: refused, naming the runs and the setting, nothing retrained or mixed in
+    with pytest.raises(SystemExit, match=r"4 finished runs[\s\S]*resfl-s1: federation.rounds: 2 -> 3"):
+        main([*args[:-1], "federation.rounds=3"])
+    assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
+
+
+def test_settings_diff_names_every_changed_added_and_missing_leaf():
+    from resfl_lightning.run_settings import settings_diff
+
+    saved = {"dataset": {"num_images": 960, "val_fraction": 0.3, "dim_range": [0.1, 0.3]}, "seed": 0}
+    now = {"dataset": {"num_images": 2824, "val_fraction": 0.3, "dim_range": [0.1, 0.4], "new": 1}, "seed": 0}
+    assert settings_diff(saved, now) == ["dataset.dim_range: [0.1, 0.3] -> [0.1, 0.4]", "dataset.new: <absent> -> 1",
+                                         "dataset.num_images: 960 -> 2824"]
+    assert settings_diff(saved, saved) == []
 
 
 def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monkeypatch):
@@ -142,11 +156,30 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
         assert cfg.seed == 7  # the user's overrides come last and win
         # the synthetic table's size preset applies to every method; the scenario's partition survives it
-        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.3
+        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.805
     adult = train_command("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
     assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
     assert set(METHODS) >= {"fedavg", "resfl", "fairfed", "fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre",
                             "privfairfl_post", "curvfed", "fedsam", "fedswa"}
+
+
+@pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])
+def test_synthetic_table_preset_grows_validation_only(scenario):
+    """520 validation images a client; training shards, test split and reserve as with the earlier 54-image preset
+    (num_images 960, test 0.2, reserve 0.05, val 0.3), so only UFM's precision changes between the two."""
+    from helpers import compose_config
+
+    from resfl_lightning.data.partition import make_federated_splits
+
+    d = compose_config("experiment=table_synthetic", f"scenario={scenario}").dataset
+    sizes = {}
+    for name, (n, test, reserve, val) in {"now": (d.num_images, d.test_fraction, d.reserve_fraction, d.val_fraction),
+                                          "54": (960, 0.2, 0.05, 0.3)}.items():
+        groups = np.random.default_rng(0).choice(3, size=n, p=[0.55, 0.3, 0.15])  # the generator's rough mix
+        s = make_federated_splits(groups, d.num_clients, test, reserve, val, d.partition, d.dirichlet_alpha, seed=0)
+        sizes[name] = (len(s.test), len(s.reserve), [len(c.train) for c in s.clients], [len(c.val) for c in s.clients])
+    assert sizes["now"][:3] == sizes["54"][:3] == (192, 48, [126] * 4)
+    assert sizes["now"][3] == [520] * 4 and sizes["54"][3] == [54] * 4
 
 
 def test_pareto_labels_never_pile_up():
