@@ -6,9 +6,9 @@
 Runs are resumable: a run whose summary.json exists is skipped, once its saved config is checked to be what its
 command composes to now. `--jobs N` trains N runs at once (one process each, one thread per process); a run that
 fails does not stop the others: the table is written once every run finished, and a re-invocation retries the
-failed ones. Every method gets the same dataset, scenario, model,
-schedule, horizon and overrides; only its `algorithm=` preset (and, for the label-free RESFL rows, the UFM cohort
-mode) differs. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png (and a W&B Table with --wandb).
+failed ones. Every method gets the same dataset, scenario, model, schedule, horizon and overrides; only its
+`algorithm=` preset (and, for the label-free RESFL rows, the UFM cohort mode) differs. Writes DIR/table.md,
+DIR/table.csv, DIR/pareto.png (and a W&B Table with --wandb).
 """
 
 from __future__ import annotations
