@@ -1,7 +1,8 @@
-# Thin wrappers; all logic lives in the package. Variables: DATASET, ALGO, DEVICES, ARGS.
+# Thin wrappers around `resfl <command>`; all logic lives in the package. Variables: DATASET, ALGO, DEVICES, ARGS.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RESFL := $(VENV)/bin/resfl
 DATASET ?= synthetic
 ALGO ?= resfl
 DEVICES ?= 1
@@ -23,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 train: install
-	$(PY) -m resfl_lightning.train dataset=$(DATASET) algorithm=$(ALGO) fabric.devices=$(DEVICES) $(ARGS)
+	$(RESFL) train dataset=$(DATASET) algorithm=$(ALGO) fabric.devices=$(DEVICES) $(ARGS)
 
 test: install
 	$(PY) -m pytest -q
@@ -38,23 +39,23 @@ lint: install
 	$(PY) -m ruff check .
 
 bench: install
-	$(PY) -m resfl_lightning.bench $(ARGS)
+	$(RESFL) bench $(ARGS)
 
 privacy: install
-	$(PY) -m resfl_lightning.privacy_report $(ARGS)
+	$(RESFL) privacy $(ARGS)
 
 report: install
-	$(PY) -m resfl_lightning.report $(ARGS)
+	$(RESFL) report $(ARGS)
 
 table: install
-	$(PY) -m resfl_lightning.table --dataset $(DATASET) --scenario $(SCENARIO) --seeds $(SEEDS) \
+	$(RESFL) table --dataset $(DATASET) --scenario $(SCENARIO) --seeds $(SEEDS) \
 	  $(if $(METHODS),--methods $(METHODS)) $(if $(JOBS),--jobs $(JOBS)) $(ARGS)
 
 sweep: install
 	$(VENV)/bin/wandb sweep $(SWEEP)
 
 sweep-local: install
-	$(PY) -m resfl_lightning.train -m dataset=$(DATASET) algorithm=$(ALGO) \
+	$(RESFL) train -m dataset=$(DATASET) algorithm=$(ALGO) \
 	  algorithm.lambda_priv=0.0,0.1 algorithm.lambda_fair=0.0,0.01 algorithm.beta=0.0,2.0 $(ARGS)
 
 clean:

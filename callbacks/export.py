@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from resfl_lightning.export import class_names, export_global_model
+from resfl_lightning.models.export import class_names, export_global_model
 
 
 class ExportModel:

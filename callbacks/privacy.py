@@ -1,8 +1,9 @@
-"""Privacy attacks against the global model (SPEC §7) and the Privacy / Fairness Scores (SPEC §6), on rank 0.
+"""Privacy attacks against the global model and the Privacy / Fairness Scores (docs/method.md §6, §7), on rank 0.
 
 The protocols live in resfl_lightning/attacks/privacy.py; this callback decides when (the last round and every
 `attack.every` rounds), runs them on rank 0, merges their metrics and writes run_dir/attacks/privacy_round_*.json.
-With the weather evaluation on, `condition_metrics` re-runs them on corrupted images for each condition.
+attack.mia (MembershipInference) and attack.aia (AttributeInference) share one PrivacyAttacks callback, so one
+file holds both. With the weather evaluation on, `condition_metrics` re-runs them on corrupted images.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
 from resfl_lightning.attacks.privacy import PrivacyPlan, plan_privacy_attacks, privacy_attacks, weather_privacy_metrics
-from resfl_lightning.attacks.settings import AttackSettings
+from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.evaluation.weather import ExtraMetrics
 from resfl_lightning.metrics.fairness import fairness_score, privacy_score
 
@@ -40,18 +42,24 @@ def write_attack_file(federation, name: str, payload: dict) -> Path:
 
 
 class PrivacyAttacks:
-    """Runs the MIA and/or the representation AIA after the last round (and every `attack.every` rounds)."""
+    """Runs the MIA and/or the representation AIA (the ones given) after the last round (and every `every`)."""
 
-    def __init__(self, settings: AttackSettings, seed: int, mia: bool = True, aia: bool = True):
-        self.settings, self.seed, self.run_mia, self.run_aia = settings, int(seed), mia, aia
+    def __init__(self, seed: int, every: int | None = None, mia: MiaSettings | None = None,
+                 aia: AiaSettings | None = None):
+        self.seed, self.every, self.mia, self.aia = int(seed), every, mia, aia
         self.plan: PrivacyPlan | None = None
+
+    @classmethod
+    def shared(cls, run: AttackRun) -> PrivacyAttacks:
+        """The run's one PrivacyAttacks, which attack.mia and attack.aia both join."""
+        return run.shared(cls, lambda: cls(run.seed, run.every))
 
     def on_fit_start(self, federation, state) -> None:
         if federation.fabric.is_global_zero:
-            self.plan = plan_privacy_attacks(federation, self.settings, self.seed, self.run_mia, self.run_aia)
+            self.plan = plan_privacy_attacks(federation, self.seed, self.mia, self.aia)
 
     def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
-        if not federation.fabric.is_global_zero or not self.settings.due(round_idx, federation.settings.rounds):
+        if not federation.fabric.is_global_zero or not attack_due(round_idx, federation.settings.rounds, self.every):
             return
         results, details = privacy_attacks(self.plan, federation, model, round_idx)
         metrics.update(results)
@@ -60,6 +68,32 @@ class PrivacyAttacks:
     def condition_metrics(self, federation, model, round_idx: int, seed: int) -> ExtraMetrics:
         """Per-condition privacy columns of the weather table (attacks.privacy.weather_privacy_metrics)."""
         return weather_privacy_metrics(self.plan, federation, model, round_idx, seed)
+
+
+class MembershipInference(Attack):
+    """attack.mia: the shadow-model membership inference on the global model (runs in PrivacyAttacks)."""
+
+    Settings = MiaSettings
+    order = 30
+
+    @classmethod
+    def build(cls, settings: MiaSettings, run: AttackRun) -> PrivacyAttacks:
+        callback = PrivacyAttacks.shared(run)
+        callback.mia = settings
+        return callback
+
+
+class AttributeInference(Attack):
+    """attack.aia: the representation attribute inference on the global model (runs in PrivacyAttacks)."""
+
+    Settings = AiaSettings
+    order = 30
+
+    @classmethod
+    def build(cls, settings: AiaSettings, run: AttackRun) -> PrivacyAttacks:
+        callback = PrivacyAttacks.shared(run)
+        callback.aia = settings
+        return callback
 
 
 class AttackScores:
@@ -73,7 +107,9 @@ class AttackScores:
         if not federation.fabric.is_global_zero:
             return
         mia = metrics.get("attack/mia_success_rate")
-        aia = metrics.get("attack/aia_success_rate", metrics.get("attack/update_aia_success_rate"))
+        # the representation AIA's SR, else the update-aware AIA's
+        aia = next((metrics[k] for k in ("attack/aia_success_rate", "attack/update_aia_success_rate") if k in metrics),
+                   None)
         if _finite(mia) and _finite(aia):
             metrics["score/privacy"] = privacy_score(mia, aia)
         di, eop = metrics.get("test/abs_one_minus_di"), metrics.get("test/delta_eop")

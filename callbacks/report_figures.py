@@ -1,10 +1,10 @@
-"""At the end of a run with W&B on: the offline report's figures (resfl_lightning/report.py) logged as images."""
+"""At the end of a run with W&B on: the offline report's figures (analysis/report.py) logged as images."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from resfl_lightning.report import log_report_figures
+from resfl_lightning.analysis.report import log_report_figures
 
 
 class ReportFigures:

@@ -1,10 +1,10 @@
-"""Robustness attacks wired into the round loop (SPEC §7) and the EOD measurement their comparison needs.
+"""Robustness attacks wired into the round loop (docs/method.md §7) and the EOD measurement their comparison needs.
 
 ByzantineAttack: adds the sign-flip update transform (attackers drawn per round from the seed) to the Federation.
 DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
 EqualizedOdds: EOD of the global model on the test split, from the predictions of the global evaluation's pass of
 that round (no second inference pass), whenever the global evaluation ran.
-BA AD and DPA EODD compare two runs: `python -m resfl_lightning.compare CLEAN_RUN OTHER_RUN`.
+BA AD and DPA EODD compare two runs: `resfl compare CLEAN_RUN OTHER_RUN`.
 """
 
 from __future__ import annotations
@@ -12,17 +12,27 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+from resfl_lightning.attacks.base import Attack, AttackRun
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
-from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
+from resfl_lightning.attacks.settings import ByzantineSettings, EodSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
 
 
-class ByzantineAttack:
+class ByzantineAttack(Attack):
+    """attack.byzantine."""
+
+    Settings = ByzantineSettings
+    order = 10
+
     def __init__(self, settings: ByzantineSettings, seed: int):
         self.settings, self.seed = settings, int(seed)
         self.transform: ByzantineUpdate | None = None
+
+    @classmethod
+    def build(cls, settings: ByzantineSettings, run: AttackRun) -> ByzantineAttack:
+        return cls(settings, seed=run.seed)
 
     def on_fit_start(self, federation, model, layout) -> None:
         mask = None if self.settings.include_buffers else parameter_mask(model, layout)
@@ -39,9 +49,18 @@ class ByzantineAttack:
             metrics[f"attack/byzantine/client_{cid}"] = float(cid in attackers)
 
 
-class DataPoisoning:
+class DataPoisoning(Attack):
+    """attack.poisoning."""
+
+    Settings = PoisoningSettings
+    order = 20
+
     def __init__(self, settings: PoisoningSettings, seed: int, rounds: int):
         self.settings, self.seed, self.rounds = settings, int(seed), int(rounds)
+
+    @classmethod
+    def build(cls, settings: PoisoningSettings, run: AttackRun) -> DataPoisoning:
+        return cls(settings, seed=run.seed, rounds=run.rounds)
 
     def on_fit_start(self, federation) -> None:
         if not isinstance(federation.data, PoisonedData):
@@ -58,15 +77,29 @@ class DataPoisoning:
         metrics["attack/poisoning_boxes"] = float(sum(data.poisoned(cid)[1]["n_poisoned"] for cid in active))
 
 
-class EqualizedOdds:
-    """test/eod (+ its four rates) between the protected group and the others (metrics/eod.py for the reading).
+class EqualizedOdds(Attack):
+    """attack.eod: test/eod (+ its four rates) between the protected group and the others (metrics/eod.py for the
+    reading).
 
     `evaluation` is the run's GlobalEvaluation callback, whose pass over the test split the EOD reuses."""
+
+    Settings = EodSettings
+    order = 50
 
     def __init__(self, protected_group: int, unprotected_group: int | None = None, evaluation=None):
         self.protected, self.unprotected = int(protected_group), unprotected_group
         self.evaluation = evaluation
         self._warned = False
+
+    @classmethod
+    def build(cls, settings: EodSettings, run: AttackRun) -> EqualizedOdds:
+        protected = settings.protected_group
+        if protected is None:  # the group the poisoning targets
+            if "poisoning" not in run.settings:
+                raise ConfigError("attack.eod.protected_group: null means attack.poisoning.target_group, but no "
+                                  "poisoning attack is configured; give the group")
+            protected = run.settings["poisoning"].target_group
+        return cls(protected, settings.unprotected_group, evaluation=run.evaluation)
 
     def on_fit_start(self, federation) -> None:
         g = base_data(federation.data).num_groups

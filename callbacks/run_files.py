@@ -39,7 +39,8 @@ class RunFiles:
         keep = []
         if self.resume:
             for line in self.metrics_path.read_text().splitlines():
-                if line.strip() and json.loads(line).get("round", -1) <= state.round_idx:
+                row = json.loads(line) if line.strip() else None
+                if row is not None and ("round" not in row or row["round"] <= state.round_idx):
                     keep.append(line)
         self.metrics_path.write_text("".join(f"{line}\n" for line in keep))
 

@@ -1,4 +1,4 @@
-"""Update-aware attribute inference (SPEC §7; protocol in resfl_lightning/attacks/update_aia.py).
+"""Update-aware attribute inference (attack.update_aia; protocol in resfl_lightning/attacks/update_aia.py).
 
 Each rank summarises the updates of the clients it trains, labelled with the client's dominant training group
 (evaluation ground truth only). Rank 0, the server, trains its shadow clients from each round's global model.
@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch.distributed as dist
 
+from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
 from resfl_lightning.attacks.outputs import default_head_prefixes
-from resfl_lightning.attacks.settings import AttackSettings
+from resfl_lightning.attacks.settings import UpdateAiaSettings
 from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.attacks.update_aia import (
     ShadowClients,
@@ -27,9 +28,12 @@ from resfl_lightning.callbacks.privacy import write_attack_file
 from resfl_lightning.config import ConfigError
 
 
-class UpdateAttributeInference:
-    def __init__(self, settings: AttackSettings, seed: int):
-        self.settings, self.seed = settings, int(seed)
+class UpdateAttributeInference(Attack):
+    Settings = UpdateAiaSettings
+    order = 40
+
+    def __init__(self, settings: UpdateAiaSettings, seed: int, every: int | None = None):
+        self.settings, self.seed, self.every = settings, int(seed), every
         self.rows: list[tuple[int, int, np.ndarray, int]] = []  # real updates: (round, client, features, label)
         self.shadow_rows: list[tuple[int, int, np.ndarray, int]] = []  # (round, shadow client, features, label)
         self.labels: dict[int, int] = {}
@@ -39,8 +43,12 @@ class UpdateAttributeInference:
         self.prefixes: list[str] = []
         self.theta, self.int_buffers = None, None  # the global model the current round's clients start from
 
+    @classmethod
+    def build(cls, settings: UpdateAiaSettings, run: AttackRun) -> UpdateAttributeInference:
+        return cls(settings, seed=run.seed, every=run.every)
+
     def on_fit_start(self, federation, model, layout, state) -> None:
-        s = self.settings.update_aia
+        s = self.settings
         self.segments = layout.segments()
         self.prefixes = list(s.head_prefixes) if s.head_prefixes else default_head_prefixes(model)
         if not any(name.startswith(tuple(self.prefixes)) for name, _ in self.segments):
@@ -54,7 +62,7 @@ class UpdateAttributeInference:
             self.theta, self.int_buffers = state.theta.clone(), dict(state.int_buffers)
 
     def on_client_end(self, federation, round_idx: int, report, delta) -> None:
-        feats = update_features(delta, self.segments, head_prefixes=self.prefixes, top_k=self.settings.update_aia.top_k)
+        feats = update_features(delta, self.segments, head_prefixes=self.prefixes, top_k=self.settings.top_k)
         self.rows.append((round_idx, report.client_id, feats.astype(np.float32), self.labels[report.client_id]))
 
     def _gathered(self, federation) -> list[tuple[int, int, np.ndarray, int]]:
@@ -69,7 +77,7 @@ class UpdateAttributeInference:
             x = self.shadow.round_updates(layout, self.theta, self.int_buffers, round_idx)
             self.shadow_rows += [(round_idx, -(k + 1), x[k], label) for k, label in enumerate(self.shadow.labels)]
             self.theta, self.int_buffers = state.theta.clone(), dict(state.int_buffers)
-        if not self.settings.due(round_idx, federation.settings.rounds):
+        if not attack_due(round_idx, federation.settings.rounds, self.every):
             return
         rows = sorted(self._gathered(federation), key=lambda r: (r[0], r[1]))  # every rank joins the collective
         if not federation.fabric.is_global_zero:
@@ -80,11 +88,11 @@ class UpdateAttributeInference:
         result = update_attribute_inference(shadow_x, np.array([r[3] for r in self.shadow_rows], np.int64), real_x,
                                             np.array([r[3] for r in rows], np.int64),
                                             base_data(federation.data).num_groups, self.seed,
-                                            self.settings.update_aia, self.applicable)
+                                            self.settings, self.applicable)
         metrics.update(result["metrics"])
         write_attack_file(federation, f"update_aia_round_{round_idx:04d}", {
             "metrics": result["metrics"], "round": round_idx, "head_prefixes": self.prefixes,
-            "top_k": self.settings.update_aia.top_k, "real_client_labels": self.labels,
+            "top_k": self.settings.top_k, "real_client_labels": self.labels,
             "test_samples": [{"round": r[0], "client": r[1], "label": r[3]} for r in rows],
             "train_samples": [{"round": r[0], "shadow_client": r[1], "label": r[3]} for r in self.shadow_rows],
             "probe": result["probe"]})

@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.weather import (
     MODES,
     ExtraMetrics,
@@ -36,9 +37,9 @@ class WeatherEvaluation:
     def __init__(self, run_dir: Path, every: int | None = None, seed: int = 0, mode: str = "auto",
                  extra: ExtraMetrics | None = None, privacy=None):
         if every is not None and int(every) < 1:
-            raise ValueError(f"eval.weather_every must be null or >= 1, got {every}")
+            raise ConfigError(f"eval.weather_every: must be null or >= 1, got {every}")
         if mode not in MODES:
-            raise ValueError(f"eval.weather_mode must be one of {MODES}, got {mode!r}")
+            raise ConfigError(f"eval.weather_mode: must be one of {MODES}, got {mode!r}")
         self.run_dir, self.every, self.seed, self.mode, self.extra = Path(run_dir), every, int(seed), mode, extra
         self.privacy = privacy  # a PrivacyAttacks callback: per-condition attacks (synthetic mode only)
         self.rows: list[dict] = []
@@ -46,14 +47,12 @@ class WeatherEvaluation:
     @classmethod
     def from_config(cls, cfg, run_dir: Path, privacy=None) -> WeatherEvaluation:
         """From cfg.eval (weather_every, weather_seed, weather_mode, weather_privacy); detection datasets only."""
-        from resfl_lightning.config import ConfigError
-
         if cfg.dataset.task != "detection":
             raise ConfigError(f"eval.weather: weather corruptions apply to image detection datasets; dataset "
                               f"{cfg.dataset.name!r} is a {cfg.dataset.task} task")
         ev = cfg.eval
-        return cls(run_dir, every=ev.get("weather_every"), seed=ev.get("weather_seed", 0),
-                   mode=ev.get("weather_mode", "auto"), privacy=privacy if ev.get("weather_privacy", True) else None)
+        return cls(run_dir, every=ev.weather_every, seed=ev.weather_seed, mode=ev.weather_mode,
+                   privacy=privacy if ev.weather_privacy else None)
 
     def due(self, round_idx: int, rounds: int) -> bool:
         return round_idx == rounds - 1 or (self.every is not None and (round_idx + 1) % int(self.every) == 0)

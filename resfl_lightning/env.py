@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_CACHE = Path(os.environ.get("RESFL_CACHE_DIR", Path.cwd() / ".cache"))
+_CACHE = Path(os.environ["RESFL_CACHE_DIR"]) if "RESFL_CACHE_DIR" in os.environ else Path.cwd() / ".cache"
 
 
 def configure_environment(num_threads: int | None = 1) -> None:

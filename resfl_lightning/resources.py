@@ -1,7 +1,7 @@
 """Where the Hydra configs live: inside the package of an installed wheel, or at the top of a source checkout.
 
 The design card keeps `conf/` at the repository's top level; the wheel installs the same files as
-`resfl_lightning/conf/` (pyproject.toml maps them), so an installed `resfl-train` finds them from any directory.
+`resfl_lightning/conf/` (pyproject.toml maps them), so an installed `resfl train` finds them from any directory.
 """
 
 from __future__ import annotations

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-from omegaconf import OmegaConf
 
+from resfl_lightning.aggregation.fedavg import FedAvg
 from resfl_lightning.clients.base import AdversarySettings, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.data.tabular import federated_tabular_data
-from resfl_lightning.federation.aggregation import FedAvg
 from resfl_lightning.federation.orchestrator import Federation, FederationSettings
 
 FEATURES, GROUPS = 6, 2
@@ -24,11 +23,11 @@ def tiny_data(num_clients: int, rows_per_client: int = 24, seed: int = 0):
     s = rng.integers(0, GROUPS, size=n)
     y = ((x[:, 0] + 0.5 * s + 0.3 * rng.normal(size=n)) > 0.2).astype(np.int64)
     xt = rng.normal(size=(40, FEATURES)).astype(np.float32)
-    cfg = OmegaConf.create({"name": "tiny", "num_clients": num_clients, "reserve_fraction": 0.0,
-                            "val_fraction": 0.25, "partition": "iid", "dirichlet_alpha": 0.5, "batch_size": 8,
-                            "eval_batch_size": 64, "test_fraction": 0.0})
+    splits = {"num_clients": num_clients, "reserve_fraction": 0.0,
+              "val_fraction": 0.25, "partition": "iid", "dirichlet_alpha": 0.5, "batch_size": 8,
+              "eval_batch_size": 64}
     return federated_tabular_data(x, y, s, xt, (xt[:, 0] > 0.2).astype(np.int64), rng.integers(0, GROUPS, 40),
-                                  num_groups=GROUPS, cfg=cfg, seed=seed)
+                                  num_groups=GROUPS, **splits, seed=seed)
 
 
 def client_factory():

@@ -1,4 +1,4 @@
-"""Attribute inference probe (SPEC §7): a two-layer MLP predicting the sensitive group from feature vectors.
+"""Attribute inference probe (docs/method.md §7): a two-layer MLP predicting the sensitive group from feature vectors.
 
 Used for both the representation AIA (ROIAlign neck features of matched persons) and the update-aware AIA
 (vectors from `update_features.py`). The probe trains class-balanced (cross-entropy weighted by inverse group
@@ -23,7 +23,7 @@ MIN_TRAIN_TEST_SAMPLES = 8  # train_test_attribute_probe: enough to hold out one
 
 
 class AttributeProbe(nn.Module):
-    """Linear -> ReLU -> Dropout -> Linear (SPEC §1/§7: hidden 128, dropout 0.1)."""
+    """Linear -> ReLU -> Dropout -> Linear (docs/method.md §1, §7: hidden 128, dropout 0.1)."""
 
     def __init__(self, in_dim: int, num_groups: int, hidden: int = 128, dropout: float = 0.1) -> None:
         super().__init__()
@@ -214,5 +214,5 @@ def train_test_attribute_probe(
 
 
 def aia_success_rate(result: dict[str, Any]) -> float:
-    """AIA SR entering the Privacy Score (SPEC §6, RESFL A.4.1): the probe's balanced test accuracy."""
+    """AIA SR entering the Privacy Score (docs/method.md §6, RESFL A.4.1): the probe's balanced test accuracy."""
     return float(result["balanced_accuracy"])

@@ -1,7 +1,7 @@
-"""Byzantine sign-flip attack (SPEC §7), what an attacker reports about its update, and the BA AD metric.
+"""Byzantine sign-flip attack (docs/method.md §7), what an attacker reports about its update, and the BA AD metric.
 
-Attackers are drawn at random each round from (seed, round) — never "the first clients" (SPEC §9) — and the optional
-l2 bound only rescales an update, it never adds noise.
+Attackers are drawn at random each round from (seed, round) — never "the first clients" (docs/method.md §9) — and
+the optional l2 bound only rescales an update, it never adds noise.
 
 Report modes (`attack.byzantine.report`), i.e. the u an attacker sends beside its flipped update:
 - honest (default, our reading): the UFM pipeline (EMA, clip, gate) on the model it trained, before the flip;

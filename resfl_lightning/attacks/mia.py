@@ -1,11 +1,12 @@
-"""Black-box shadow-model membership inference (SPEC §7): per-sample features, a calibrated attack, its metrics.
+"""Black-box shadow-model membership inference (docs/method.md §7): per-sample features, a calibrated attack and its
+metrics.
 
 Model-agnostic: callers run the target / shadow models and pass their outputs as arrays. Everything the attack
 learns or chooses comes from the shadow model's members / non-members, cut 70/10/20 (fit / validation / test):
 the calibrated logistic regression is fitted on 70 %, the success-rate threshold is the one that maximises balanced
 accuracy on the 10 % validation part, and the thresholds for TPR at FPR 1/5/10 % are set on the held-out shadow
-non-members. The target's own members and non-members are only scored (SPEC §9); TPR at FPR with thresholds set on
-the target's non-members is reported as `oracle_*`, an upper bound no real attacker can reach.
+non-members. The target's own members and non-members are only scored (docs/method.md §9); TPR at FPR with
+thresholds set on the target's non-members is reported as `oracle_*`, an upper bound no real attacker can reach.
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def detection_mia_features(
     mean Dirichlet variance].
 
     `per_image_preds[i]` is a post-NMS prediction dict (CONVENTIONS: "scores", "alpha0", optional "u_cls"; u_cls
-    defaults to 1/(alpha0+1) as in SPEC §1). The Dirichlet variance of a detection is that of its class probability,
-    p(1 - p)/(alpha0 + 1) with p its score (SPEC §1). An image with no detections gets 0 for #dets and for the five
-    detection statistics (no evidence at all); its loss and margin columns still come from the inputs.
+    defaults to 1/(alpha0+1) as in docs/method.md §1). The Dirichlet variance of a detection is that of its class
+    probability, p(1 - p)/(alpha0 + 1) with p its score (docs/method.md §1). An image with no detections gets 0 for
+    #dets and for the five detection statistics (no evidence at all); its loss and margin columns still come from the
+    inputs.
     """
     n = len(per_image_preds)
     losses = _check_1d(_to_numpy(per_image_losses, "per_image_losses"), n, "per_image_losses")

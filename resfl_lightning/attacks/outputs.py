@@ -138,11 +138,11 @@ def representation_features(client: Any, loader: Any, fabric: Any = None, boxes:
                             score_threshold: float = 0.25, min_matched: int = 20) -> dict[str, Any]:
     """Neck features ROI-aligned and average-pooled per person, with the person's group (known groups only).
 
-    boxes="matched": at the detections matched to ground-truth persons by the fairness matching protocol (SPEC §6),
-    labelled with the matched person's group; when fewer than `min_matched` persons are matched (a weak model), or
-    boxes="ground_truth", at every ground-truth person box instead. Classification clients give their penultimate
-    features per sample. Returns features (n, d), groups (n,), n_matched, and source ("matched", "ground_truth" or
-    "penultimate").
+    boxes="matched": at the detections matched to ground-truth persons by the fairness matching protocol
+    (docs/method.md §6), labelled with the matched person's group; when fewer than `min_matched` persons are matched
+    (a weak model), or boxes="ground_truth", at every ground-truth person box instead. Classification clients give
+    their penultimate features per sample. Returns features (n, d), groups (n,), n_matched, and source ("matched",
+    "ground_truth" or "penultimate").
     """
     if not is_detection_client(client):  # classification: the penultimate features the GRL adversary sees
         pred = classification_outputs(client, loader, fabric)

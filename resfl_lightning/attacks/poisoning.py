@@ -1,4 +1,4 @@
-"""Group-targeted data poisoning (SPEC §7) on one client's annotation arrays.
+"""Group-targeted data poisoning (docs/method.md §7) on one client's annotation arrays.
 
 Annotations are a mapping of per-box arrays with equal length M:
     "image_index" (M,) int, "cls" (M,) or (M, 1), "boxes" (M, 4), "groups" (M,) int (-1 = unknown),

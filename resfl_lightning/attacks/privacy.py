@@ -1,4 +1,4 @@
-"""The honest-but-curious server's privacy attacks on a global model (SPEC §7), as callable protocols.
+"""The honest-but-curious server's privacy attacks on a global model (docs/method.md §7), as callable protocols.
 
 MIA (black-box, shadow model): the attack reserve is cut (stratified by group, seeded) into shadow members, shadow
 non-members and held-back target non-members. A shadow client trained with the run's recipe on the shadow members
@@ -27,7 +27,7 @@ from resfl_lightning.attacks.mia import (
     fit_membership_attack,
 )
 from resfl_lightning.attacks.outputs import mia_features, representation_features
-from resfl_lightning.attacks.settings import AttackSettings
+from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.attacks.targets import (
     ReserveSplit,
     ShadowModel,
@@ -45,32 +45,32 @@ AIA_SCORES = ("balanced_accuracy", "top1", "macro_f1", "chance_uniform", "chance
 
 @dataclass
 class PrivacyPlan:
-    """What the attacks fixed at the start of the run: which attacks, the reserve split, the members, the shadow."""
+    """What the attacks fixed at the start of the run: which attacks (those with settings), the reserve split, the
+    members, the shadow."""
 
-    settings: AttackSettings
     seed: int
-    run_mia: bool
-    run_aia: bool
+    mia: MiaSettings | None
+    aia: AiaSettings | None
     split: ReserveSplit | None = None
     members: np.ndarray | None = None
     shadow: ShadowModel | None = None
 
 
-def plan_privacy_attacks(federation: Any, settings: AttackSettings, seed: int, mia: bool = True,
-                         aia: bool = True) -> PrivacyPlan:
+def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
+                         aia: AiaSettings | None) -> PrivacyPlan:
     """Cut the reserve, draw the target members and set up the shadow model; fail now if the reserve is too small."""
-    plan = PrivacyPlan(settings, int(seed), mia, aia)
+    plan = PrivacyPlan(int(seed), mia, aia)
     data = base_data(federation.data)
     reserve = np.asarray(data.splits.reserve, np.int64)
-    if mia:
-        plan.split = split_reserve(reserve, item_groups(data), settings.mia, plan.seed)
+    if mia is not None:
+        plan.split = split_reserve(reserve, item_groups(data), mia, plan.seed)
         sizes = {k: len(getattr(plan.split, k)) for k in ("shadow_members", "shadow_nonmembers", "target_nonmembers")}
         if min(sizes.values()) < MIN_SHADOW_PER_SIDE:
             raise ValueError(f"attack reserve of {len(reserve)} items is too small for the MIA split {sizes} (need >= "
                              f"{MIN_SHADOW_PER_SIDE} each): raise dataset.reserve_fraction or the dataset size")
         plan.members = sample_members(data, sizes["target_nonmembers"], plan.seed)
         plan.shadow = ShadowModel(federation, plan.split.shadow_members, plan.seed)
-    if aia and hasattr(data, "source") and hasattr(data.source, "annotations"):
+    if aia is not None and hasattr(data, "source") and hasattr(data.source, "annotations"):
         ann = data.source.annotations
         known = int(((ann.groups >= 0) & np.isin(ann.image_index, reserve)).sum())
         if known < 10:
@@ -83,11 +83,11 @@ def membership_inference(plan: PrivacyPlan, federation: Any, model: Any, round_i
                          loader_for: LoaderFor) -> tuple[dict[str, float], dict[str, Any]]:
     """attack/mia_* metrics of the global model after round `round_idx`, and the details for the attack file."""
     t0 = time.perf_counter()
-    fabric, tau, split = federation.fabric, plan.settings.mia.score_threshold, plan.split
+    fabric, tau, split = federation.fabric, plan.mia.score_threshold, plan.split
     shadow = plan.shadow.advance(round_idx + 1)
     s_in = mia_features(shadow, loader_for(split.shadow_members), fabric, tau)
     s_out = mia_features(shadow, loader_for(split.shadow_nonmembers), fabric, tau)
-    attack = fit_membership_attack(s_in, s_out, plan.seed, method=plan.settings.mia.calibration)
+    attack = fit_membership_attack(s_in, s_out, plan.seed, method=plan.mia.calibration)
     t_in = mia_features(model, loader_for(plan.members), fabric, tau)
     t_out = mia_features(model, loader_for(split.target_nonmembers), fabric, tau)
     target = evaluate_membership_attack(attack, t_in, t_out, plan.seed)
@@ -111,7 +111,7 @@ def attribute_inference(plan: PrivacyPlan, federation: Any, model: Any,
                         loader_for: LoaderFor) -> tuple[dict[str, float], dict[str, Any]]:
     """attack/aia_* metrics (representation AIA on the reserve), and the details for the attack file."""
     t0 = time.perf_counter()
-    data, a = base_data(federation.data), plan.settings.aia
+    data, a = base_data(federation.data), plan.aia
     rep = representation_features(model, loader_for(data.splits.reserve), federation.fabric, a.boxes,
                                   a.score_threshold, a.min_matched)
     p = a.probe
@@ -137,10 +137,10 @@ def privacy_attacks(plan: PrivacyPlan, federation: Any, model: Any, round_idx: i
     loader_for = loader_for or base_data(federation.data).loader_for
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {"round": round_idx}
-    if plan.run_mia:
+    if plan.mia is not None:
         m, details["mia"] = membership_inference(plan, federation, model, round_idx, loader_for)
         metrics.update(m)
-    if plan.run_aia:
+    if plan.aia is not None:
         m, details["aia"] = attribute_inference(plan, federation, model, loader_for)
         metrics.update(m)
     return metrics, details

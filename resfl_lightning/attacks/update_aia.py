@@ -1,4 +1,4 @@
-"""Update-aware attribute inference (SPEC §7): from the updates it receives, the server guesses each client's
+"""Update-aware attribute inference (docs/method.md §7): from the updates it receives, the server guesses each client's
 dominant group, with a probe trained only on updates it simulated itself.
 
 Shadow clients: the server cuts its attack reserve into a few shadow clients with seeded group mixes (a Dirichlet

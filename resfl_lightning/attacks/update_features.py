@@ -1,4 +1,4 @@
-"""Update-aware AIA features (SPEC §7): summarise one client's round update as a fixed-length vector.
+"""Update-aware AIA features (docs/method.md §7): summarise one client's round update as a fixed-length vector.
 
 Vector layout for L layers: [l2 norm per layer (L), sign ratio per layer (L), top-k |delta| layer histogram (L),
 head mean, head std, head abs-max (3)], length 3L + 3. The MLP probe of `aia.py` then predicts the client's

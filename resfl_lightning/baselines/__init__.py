@@ -1,1 +1,1 @@
-"""Comparison baselines (SPEC §5) that plug into the client and the evaluation: DP-SGD, PrivFairFL-Pre/Post."""
+"""Comparison baselines (docs/method.md §5) that plug into the client and the evaluation: DP-SGD, PrivFairFL."""

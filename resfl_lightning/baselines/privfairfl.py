@@ -1,4 +1,4 @@
-"""PrivFairFL-Pre and PrivFairFL-Post (SPEC §5), as this project reads them.
+"""PrivFairFL-Pre and PrivFairFL-Post (docs/method.md §5), as this project reads them.
 
 Pre (client side, before upload): the update of the logit layer (the layer that maps features to the Dirichlet
 logits) is clipped to an l2 bound and Gaussian noise is added (the Gaussian mechanism on the part of the update that
@@ -19,12 +19,14 @@ sensitive attribute at decision time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resfl_lightning.config import rules
+from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.losses.evidential import dirichlet_alpha, dirichlet_nll
 from resfl_lightning.metrics.eod import classification_eod, detection_eod, detection_group_rates
 from resfl_lightning.metrics.fairness import (
@@ -46,22 +48,17 @@ def _grid(low: float, high: float, num: int) -> tuple[float, ...]:
 # ---- PrivFairFL-Pre ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LogitPrivacySettings:
+@dataclass(kw_only=True, frozen=True)
+class LogitPrivacySettings(Section):
     """`algorithm.logit_privacy`: clip bound and noise multiplier for the logit layer's update, temperature grid."""
 
-    clip: float = 1.0
-    noise_multiplier: float = 1.0
-    calibrate: bool = True
-    temperatures: tuple[float, ...] = field(default_factory=lambda: _grid(0.25, 4.0, 25))
+    section = "algorithm.logit_privacy"
+    checks = (rules.temperature_grid_nonempty,)
 
-    def __post_init__(self) -> None:
-        if not self.clip > 0:
-            raise ValueError(f"algorithm.logit_privacy.clip must be > 0, got {self.clip}")
-        if self.noise_multiplier < 0:
-            raise ValueError(f"algorithm.logit_privacy.noise_multiplier must be >= 0, got {self.noise_multiplier}")
-        if not self.temperatures or min(self.temperatures) <= 0:
-            raise ValueError(f"algorithm.logit_privacy.temperatures must be positive, got {self.temperatures}")
+    clip: float = setting(1.0, "L2 clip of the logit layer's update before upload", gt=0)
+    noise_multiplier: float = setting(1.0, "Gaussian noise std as a multiple of clip", ge=0)
+    calibrate: bool = setting(True, "fold a temperature fitted on the client's validation split into the layer")
+    temperatures: tuple[float, ...] = setting(_grid(0.25, 4.0, 25), "temperature grid of the fit", gt=0)
 
 
 def logit_layers(client) -> list[nn.Module]:
@@ -129,24 +126,17 @@ class PerturbCalibrate:
 # ---- PrivFairFL-Post -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PostCalibrationSettings:
+@dataclass(kw_only=True, frozen=True)
+class PostCalibrationSettings(Section):
     """`algorithm.post_calibration`: grids the clients report on and the server's smoothing."""
 
-    temperatures: tuple[float, ...] = field(default_factory=lambda: _grid(0.25, 4.0, 25))
-    num_thresholds: int = 101  # raw-score grid 0, 0.01, ..., 1
-    smoothing: float = 0.5  # rho: t_g = (1 - rho) tau + rho t_g*
-    min_positives: int = 20  # groups with fewer positives (summed over clients) keep tau
+    section = "algorithm.post_calibration"
+    checks = (rules.temperature_grid_nonempty,)
 
-    def __post_init__(self) -> None:
-        if not self.temperatures or min(self.temperatures) <= 0:
-            raise ValueError(f"algorithm.post_calibration.temperatures must be positive, got {self.temperatures}")
-        if self.num_thresholds < 2:
-            raise ValueError(f"algorithm.post_calibration.num_thresholds must be >= 2, got {self.num_thresholds}")
-        if not 0.0 <= self.smoothing <= 1.0:
-            raise ValueError(f"algorithm.post_calibration.smoothing must be in [0, 1], got {self.smoothing}")
-        if self.min_positives < 1:
-            raise ValueError(f"algorithm.post_calibration.min_positives must be >= 1, got {self.min_positives}")
+    temperatures: tuple[float, ...] = setting(_grid(0.25, 4.0, 25), "temperature grid the server fits on", gt=0)
+    num_thresholds: int = setting(101, "raw-score grid 0, 0.01, ..., 1 the clients count positives on", ge=2)
+    smoothing: float = setting(0.5, "rho: t_g = (1 - rho) tau + rho t_g*", ge=0, le=1)
+    min_positives: int = setting(20, "groups with fewer positives (all clients) keep the default threshold", ge=1)
 
     @property
     def raw_grid(self) -> torch.Tensor:
@@ -284,7 +274,7 @@ def calibrated_pairs(preds: list[dict], gts: list[dict], cal: Calibration) -> li
 
 
 def group_thresholds(cal: Calibration, num_groups: int) -> list[float]:
-    return [cal.thresholds.get(g, cal.default) for g in range(num_groups)]
+    return [cal.thresholds[g] if g in cal.thresholds else cal.default for g in range(num_groups)]
 
 
 def calibrated_detection_metrics(preds: list[dict], gts: list[dict], cal: Calibration, num_groups: int,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 
+from resfl_lightning.config.sections import OptimSettings, UfmSettings
 from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
@@ -16,7 +17,8 @@ from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
 
 @dataclass
 class LossWeights:
-    """L_local = L_task + lambda_priv L_adv + lambda_fair L_unc + lambda_curv L_curv (SPEC §2)."""
+    """L_local = lambda_task L_task + lambda_priv L_adv + lambda_fair L_unc + lambda_curv L_curv + w_fair L_fair
+    (docs/method.md); built by the algorithm (resfl_lightning/algorithms/base.py), whose schema checks the values."""
 
     lambda_priv: float = 0.1
     lambda_fair: float = 0.01
@@ -29,97 +31,21 @@ class LossWeights:
     lambda_task: float = 1.0  # CurvFed writes its loss as (1 - a) L_task + a L_curv: lambda_task = 1 - a
     w_fair: float = 0.0  # PUFFLE / PFU-FL / PrivFairFL-Pre: weight of L_fair (losses/fairness.py)
 
-    def __post_init__(self) -> None:
-        for key in ("lambda_priv", "lambda_fair", "lambda_curv", "grl_scale", "lambda_task", "w_fair"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
-        if self.anneal_rounds < 1:
-            raise ValueError(f"algorithm.anneal_rounds must be >= 1, got {self.anneal_rounds}")
-        if self.curv_params not in ("head", "all"):
-            raise ValueError(f"algorithm.curv_params must be 'head' or 'all', got {self.curv_params!r}")
-
 
 @dataclass
 class AdversarySettings:
-    """phi's own optimiser (RESFL Algorithm 1, line 8): lambda_priv scales only the reversed gradient into theta."""
+    """phi's own optimiser (RESFL Algorithm 1, line 8): lambda_priv scales only the reversed gradient into theta.
+    Built by the algorithm from algorithm.adversary_* (checked there)."""
 
     lr: float = 1e-3
     optimizer: str = "adam"  # adam | sgd
     steps: int = 1  # adversary updates per encoder step (extra ones reuse the step's detached features)
     hidden: int = 128
 
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"algorithm.adversary_lr must be > 0, got {self.lr}")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"algorithm.adversary_optimizer must be adam or sgd, got {self.optimizer!r}")
-        if self.steps < 1:
-            raise ValueError(f"algorithm.adversary_steps must be >= 1, got {self.steps}")
-
     def build(self, params) -> torch.optim.Optimizer:
         if self.optimizer == "adam":
             return torch.optim.Adam(params, lr=self.lr)
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
-
-
-@dataclass
-class UfmSettings:
-    """UFM protocol knobs (SPEC §3)."""
-
-    score_threshold: float = 0.25
-    iou_threshold: float = 0.5
-    eps: float = 1e-6
-    evidence_floor: float = 1e-3
-    clip_low: float = 0.0
-    clip_high: float = 5.0
-    gate: float | None = 0.30  # None disables the gate
-    gate_mode: str = "absolute"  # absolute: `gate`; relative: median - gate_mad_k * MAD of the clients' utilities
-    gate_mad_k: float = 3.0
-    ema_decay: float | None = 0.9  # RESFL appendix B smooths UFM across rounds; None turns it off
-    min_group_persons: int = 1  # groups with fewer persons on a client's val split are left out of its UFM
-    insufficient_groups_u: float | None = None  # u reported with < 2 usable groups; None = clip_high
-    bootstrap_resamples: int = 200  # bootstrap SE of each client's UFM (logged beside it); 0 turns it off
-    cohorts: str = "groups"  # groups | cluster | slices | proxy
-    num_cohorts: int = 3
-    drop_fraction: float = 0.0
-    flip_rate: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.clip_low > self.clip_high:
-            raise ValueError(f"ufm.clip_low ({self.clip_low}) must be <= ufm.clip_high ({self.clip_high})")
-        if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ufm.ema_decay must be in [0, 1), got {self.ema_decay}")
-        if not 0.0 <= self.score_threshold <= 1.0:
-            raise ValueError(f"ufm.score_threshold must be in [0, 1], got {self.score_threshold}")
-        for key in ("drop_fraction", "flip_rate"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ValueError(f"ufm.{key} must be in [0, 1], got {getattr(self, key)}")
-        if self.cohorts not in ("groups", "cluster", "slices", "proxy"):
-            raise ValueError(f"ufm.cohorts must be groups, cluster, slices or proxy, got {self.cohorts!r}")
-        if self.num_cohorts < 2:
-            raise ValueError(f"ufm.num_cohorts must be >= 2, got {self.num_cohorts}")
-        if self.min_group_persons < 1:
-            raise ValueError(f"ufm.min_group_persons must be >= 1, got {self.min_group_persons}")
-        if self.gate_mode not in ("absolute", "relative"):
-            raise ValueError(f"ufm.gate_mode must be absolute or relative, got {self.gate_mode!r}")
-        if self.gate_mad_k < 0:
-            raise ValueError(f"ufm.gate_mad_k must be >= 0, got {self.gate_mad_k}")
-
-    @property
-    def insufficient_u(self) -> float:
-        return self.clip_high if self.insufficient_groups_u is None else float(self.insufficient_groups_u)
-
-
-@dataclass
-class OptimSettings:
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    grad_clip: float | None = 10.0
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
 
 
 def first_failure(first: torch.Tensor | None, failed: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -176,7 +102,7 @@ class FederatedClient(L.LightningModule):
         self.relative_gate: float | None = None  # set by the orchestrator each round when ufm.gate_mode=relative
         self._adv_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.curvature = FisherCurvature(iters=weights.curv_iters)
-        # Baseline plug-ins (resfl_lightning/baselines/setup.py): DP-SGD, a pre-upload transform, report statistics.
+        # Algorithm plug-ins (resfl_lightning/algorithms/): DP-SGD, a pre-upload transform, report statistics.
         self.dp = None
         self.upload_transform = None
         self.report_statistics = None
@@ -307,7 +233,7 @@ class FederatedClient(L.LightningModule):
             return []
         return [self.adversary_settings.build(self.local_parameters())]
 
-    # --- input checks of the training step, without a host read per step (issue 11) ------------------------------
+    # --- input checks of the training step, without a host read per step ------------------------------------------
     def check_batch(self, failed: torch.Tensor, batch_idx: int, problem: str,
                     detail: torch.Tensor | None = None) -> None:
         """Records on the device whether batch `batch_idx` failed the check `problem` (a fixed text) and, for the
@@ -363,7 +289,7 @@ class FederatedClient(L.LightningModule):
         (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given).
 
         L_adv enters unscaled: phi descends its own CE at its own learning rate, while the GRL hands theta
-        -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (SPEC §2)."""
+        -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (docs/method.md §2)."""
         w = self.weights
         unc = group_balanced_mean(unc_values, unc_groups) if unc_values.numel() else task * 0.0
         loss = w.lambda_task * task + adv + w.lambda_fair * unc
@@ -400,7 +326,7 @@ class FederatedClient(L.LightningModule):
         return {k: v / n for k, v in zip(keys, values)}  # one read-back for every key
 
     def report_u(self, ufm_raw: float, utility: float) -> tuple[float, float, bool]:
-        """EMA -> clip -> gate (SPEC §3), updating this client's EMA. Returns (EMA state, reported u, gated).
+        """EMA -> clip -> gate (docs/method.md §3), updating this client's EMA. Returns (EMA state, reported u, gated).
 
         A NaN raw UFM (fewer than two usable groups) reports `insufficient_u` and leaves the EMA untouched, so a
         client that lacks the minority is not rewarded for it."""

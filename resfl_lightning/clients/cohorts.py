@@ -1,4 +1,4 @@
-"""Which cohorts UFM is computed over (SPEC §3): true groups, partial/noisy groups, or label-free cohorts."""
+"""Which cohorts UFM is computed over (docs/method.md §3): true groups, partial/noisy groups, or label-free cohorts."""
 
 from __future__ import annotations
 

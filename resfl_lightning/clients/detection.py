@@ -1,4 +1,4 @@
-"""RESFL detection client: evidential YOLOv8 + GRL adversary on ROI-pooled neck features (SPEC §1-3)."""
+"""RESFL detection client: evidential YOLOv8 + GRL adversary on ROI-pooled neck features (docs/method.md §1-3)."""
 
 from __future__ import annotations
 

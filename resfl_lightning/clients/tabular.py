@@ -1,4 +1,5 @@
-"""RESFL classification client: evidential TabularNet + GRL adversary on the penultimate features (SPEC §1-3, §8).
+"""RESFL classification client: evidential TabularNet + GRL adversary on the penultimate features
+(docs/method.md §1-3, §8).
 
 Batches are dicts {"x": float (B, F), "y": long (B,), "groups": long (B,) (-1 = unknown), "index": long (B,)}.
 """
@@ -139,7 +140,8 @@ class TabularClient(FederatedClient):
         return TabularPredictions(**{k: torch.cat(v) for k, v in cols.items()})
 
     def ufm_cohorts(self, pred: TabularPredictions) -> torch.Tensor:
-        """Per-sample cohort ids for UFM (SPEC §3): the true groups, partial / noisy groups, or label-free cohorts."""
+        """Per-sample cohort ids for UFM (docs/method.md §3): the true groups, partial / noisy groups, or label-free
+        cohorts."""
         u = self.ufm
         mode = effective_mode(u)
         seed = self.client_id + 1000 * self.round_idx  # the detection client's seeding, so runs stay comparable

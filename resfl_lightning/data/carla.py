@@ -83,14 +83,14 @@ def load_carla(
     for frame, info in frames.items():
         if frame in bad_frames:
             continue
-        peds = mst_of.get(frame, {})
+        peds = mst_of[frame] if frame in mst_of else {}  # a frame without pedestrians.csv rows
         loaded = _load_frame(root, frame, info, len(class_names), peds, box_tolerance, verify_images, problems)
         if loaded is None:
             continue
         path, size, boxes = loaded
         labels += boxes
         image_index += [len(images)] * len(boxes)
-        mst += [peds.get(i, (0, 0))[0] for i in range(len(boxes))]
+        mst += [peds[i][0] if i in peds else 0 for i in range(len(boxes))]  # 0: MST unknown
         images.append(path)
         sizes.append(size)
         meta_rows.append((frame, info["split"], info["town"], info["weather"], info["intensity"]))
@@ -194,7 +194,7 @@ def _read_pedestrians(
             error = f"ped_index must be >= 0, got {ped}"
         elif not 0 <= mst <= 10:
             error = f"mst must be 0 (unknown) or 1..10, got {mst}"
-        elif ped in out.get(frame, {}):
+        elif frame in out and ped in out[frame]:
             error = f"duplicate ped_index {ped} (first at row {out[frame][ped][1]})"
         else:
             error = ""

@@ -267,7 +267,7 @@ def _parse_row(
         raise ValueError("empty filename")
     person_id = _as_int(get("person_id"), "person_id")
     class1 = get("class1")
-    class1_id = class_ids.get(class1, -1)
+    class1_id = class_ids[class1] if class1 in class_ids else -1  # -1: not a FACET class
     if classes == "class1" and class1_id < 0:
         raise ValueError(f"unknown class1 {class1!r} (not one of the 52 FACET classes)")
     box = parse_bounding_box(get("bounding_box"))

@@ -2,50 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
+from resfl_lightning.config.sections import LoaderSettings
 from resfl_lightning.data.augment import DetectionAugment
 from resfl_lightning.data.detection import AnnotatedImages, DetectionDataset, detection_collate
 from resfl_lightning.data.partition import FederatedSplits, image_groups, make_federated_splits
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """dataset.loader: DataLoader worker processes, pinned host memory (fast, non-blocking copies to a GPU) and
-    workers kept alive between epochs of one loader. Defaults keep everything in the training process."""
-
-    num_workers: int = 0
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None  # batches each worker prepares ahead (torch's default 2 when null)
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 0:
-            raise ValueError(f"dataset.loader.num_workers must be >= 0, got {self.num_workers}")
-        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
-            raise ValueError("dataset.loader.persistent_workers / prefetch_factor need num_workers > 0")
-
-    @classmethod
-    def from_config(cls, cfg) -> LoaderSettings:
-        loader = (cfg.get("loader") if cfg is not None else None) or {}
-        prefetch = loader.get("prefetch_factor")
-        return cls(num_workers=int(loader.get("num_workers", 0)), pin_memory=bool(loader.get("pin_memory", False)),
-                   persistent_workers=bool(loader.get("persistent_workers", False)),
-                   prefetch_factor=None if prefetch is None else int(prefetch))
-
-    def kwargs(self) -> dict:
-        out = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-               "persistent_workers": self.persistent_workers}
-        if self.prefetch_factor is not None:
-            out["prefetch_factor"] = self.prefetch_factor
-        return out
 
 
 class ClientSplitLoaders:
@@ -105,77 +72,39 @@ class FederatedDetectionData(ClientSplitLoaders):
         return self._loader(np.asarray(indices), shuffle=False)
 
 
-def _splits_for(source: AnnotatedImages, cfg: DictConfig, seed: int, num_items: int | None = None) -> FederatedSplits:
-    """SPEC §8 splits over the first `num_items` images (default: all)."""
+def splits_for(source: AnnotatedImages, ds: Any, seed: int, num_items: int | None = None) -> FederatedSplits:
+    """Client / test / reserve splits of the first `num_items` images (default: all), stratified by image group,
+    with the dataset's fractions and partition (`ds`: a FederatedDataset)."""
     ann = source.annotations
     groups = image_groups(ann.image_index, ann.groups, len(source))[:num_items]
-    return make_federated_splits(groups, num_clients=cfg.num_clients, test_fraction=cfg.test_fraction,
-                                 reserve_fraction=cfg.reserve_fraction, val_fraction=cfg.val_fraction,
-                                 partition=cfg.partition, alpha=cfg.dirichlet_alpha, seed=seed,
-                                 dirichlet_centre=cfg.get("dirichlet_centre", "uniform"))
+    return make_federated_splits(groups, num_clients=ds.num_clients, test_fraction=ds.test_fraction,
+                                 reserve_fraction=ds.reserve_fraction, val_fraction=ds.val_fraction,
+                                 partition=ds.partition, alpha=ds.dirichlet_alpha, seed=seed,
+                                 dirichlet_centre=ds.dirichlet_centre)
 
 
-def build_synthetic(cfg: DictConfig, seed: int) -> FederatedDetectionData:
-    from resfl_lightning.data.mst import num_groups
-    from resfl_lightning.data.synthetic import SyntheticSceneConfig, generate_scenes
+def instantiate_dataset(node: Any):
+    """The FederatedDataset a `dataset` config node's `_target_` names, its keys checked (ConfigError naming the
+    key); a FederatedDataset passes through."""
+    from resfl_lightning.config.load import instantiate
+    from resfl_lightning.data.datasets.base import FederatedDataset
 
-    scene_cfg = SyntheticSceneConfig(image_size=cfg.image_size, imbalance=cfg.imbalance, grouping=cfg.grouping,
-                                     dim_probability=cfg.dim_probability,
-                                     dark_dim_correlation=cfg.dark_dim_correlation,
-                                     dark_background_probability=cfg.dark_background_probability,
-                                     dim_range=tuple(cfg.dim_range))
-    extra = int(cfg.get("extra_reserve_images", 0))
-    # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training. Scene i depends
-    # only on (data_seed, i), so the extra reserve scenes leave the first num_images and hence every split unchanged.
-    scenes = generate_scenes(scene_cfg, cfg.num_images + extra, seed=cfg.get("data_seed", 0), cache_dir=cfg.cache_dir)
-    splits = _splits_for(scenes, cfg, seed, num_items=cfg.num_images)
-    if extra:  # more attack-probe data from the same distribution, without taking any from the clients or the test
-        extra_ids = np.arange(cfg.num_images, cfg.num_images + extra, dtype=np.int64)
-        splits = dataclasses.replace(splits, reserve=np.concatenate([splits.reserve, extra_ids]))
-    return FederatedDetectionData(source=scenes, splits=splits,
-                                  num_groups=num_groups(cfg.grouping), num_classes=1, batch_size=cfg.batch_size,
-                                  image_size=None, augment=cfg.augment, loader=LoaderSettings.from_config(cfg))
+    return node if isinstance(node, FederatedDataset) else instantiate(node, FederatedDataset, "dataset")
 
 
-# dataset name -> module defining `build(cfg, seed)` and optionally `preflight(cfg)` (fast checks, e.g. files).
-BUILDERS: dict[str, str] = {
-    "synthetic": "resfl_lightning.data.federated",
-    "facet": "resfl_lightning.data.real_detection",
-    "carla": "resfl_lightning.data.real_detection",
-    "adult": "resfl_lightning.data.tabular",
-}
+def build_federated_data(dataset: Any, seed: int, rank_zero: bool = True, printer=print):
+    """The federated data of `dataset` (a FederatedDataset or its config node) for the run seed, with the
+    quality_skew scenario applied when configured."""
+    ds = instantiate_dataset(dataset)
+    data = ds.build(seed)
+    if ds.quality_skew is not None:  # scenario=quality_skew
+        from resfl_lightning.data.quality_skew import apply_quality_skew
 
-
-def _module_for(cfg: DictConfig):
-    from resfl_lightning.config import ConfigError
-
-    if cfg.name not in BUILDERS:
-        raise ConfigError(f"dataset.name: no loader for {cfg.name!r}; available: {', '.join(sorted(BUILDERS))}")
-    return importlib.import_module(BUILDERS[cfg.name])
-
-
-def build(cfg: DictConfig, seed: int) -> FederatedDetectionData:
-    """Entry for the built-in benchmark (other datasets define `build` in their own module)."""
-    return build_synthetic(cfg, seed)
-
-
-def dataset_preflight(cfg: DictConfig) -> None:
-    """Cheap checks that must fail before any process starts (missing data, unknown name)."""
-    module = _module_for(cfg)
-    if hasattr(module, "preflight"):
-        module.preflight(cfg)
-
-
-def build_federated_data(cfg: DictConfig, seed: int, rank_zero: bool = True, printer=print):
-    data = _module_for(cfg).build(cfg, seed)
-    if cfg.get("quality_skew"):  # scenario=quality_skew
-        from resfl_lightning.data.quality_skew import QualitySkewSettings, apply_quality_skew
-
-        data, summary = apply_quality_skew(data, QualitySkewSettings(**cfg.quality_skew), seed)
+        data, summary = apply_quality_skew(data, ds.quality_skew, seed)
         if rank_zero:
             printer(f"scenario quality_skew: {summary}")
     if rank_zero:
         sizes = data.splits.sizes() if hasattr(data, "splits") else {}
-        printer(f"dataset {cfg.name}: " + ", ".join(f"{k}={v}" for k, v in sizes.items()
-                                                      if not str(k).startswith("client")))
+        printer(f"dataset {ds.name}: " + ", ".join(f"{k}={v}" for k, v in sizes.items()
+                                                     if not str(k).startswith("client")))
     return data

@@ -1,4 +1,5 @@
-"""Partitioning by sensitive group: IID-stratified and Dirichlet client shards, stratified splits, H_TV (SPEC 8).
+"""Partitioning by sensitive group: IID-stratified and Dirichlet client shards, stratified splits, H_TV
+(docs/method.md §8).
 
 Everything works on per-item group labels (0..G-1, -1 = unknown, which is kept as a stratum of its own);
 for detection datasets use image_groups() to get one label per image first.
@@ -81,11 +82,13 @@ def _capped_multinomial(rng: np.random.Generator, n: int, p: np.ndarray, availab
 
 def dirichlet_shards(groups: np.ndarray | list[int], num_clients: int, alpha: float, seed: Seed,
                      centre: str = "uniform") -> list[np.ndarray]:
-    """Equal-size shards (+-1) with group mix p_i ~ Dirichlet(alpha 1_G), n_ig ~ Multinomial(n_i, p_i) (SPEC 8).
+    """Equal-size shards (+-1) with group mix p_i ~ Dirichlet(alpha 1_G), n_ig ~ Multinomial(n_i, p_i)
+    (docs/method.md §8).
 
     Clients are filled in a random order; when a group runs out, its share is redrawn over the groups left.
     centre="global" draws p_i ~ Dirichlet(alpha G p_global) instead (same total concentration, mean p_global), so
-    large alpha tends to IID also on imbalanced data; SPEC's "uniform" centres every client on equal group shares.
+    large alpha tends to IID also on imbalanced data; the method's "uniform" (docs/method.md §8) centres every client
+    on equal group shares.
     """
     if not alpha > 0:
         raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")

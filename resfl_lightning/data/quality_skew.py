@@ -16,25 +16,10 @@ from typing import Any
 import numpy as np
 
 from resfl_lightning.attacks.byzantine import count_from_fraction
+from resfl_lightning.config.sections import QualitySkewSettings
 from resfl_lightning.data.detection import Annotations
 
 _STREAM = 0x515353  # RNG stream tag: independent of every other use of the run seed
-
-
-@dataclass(frozen=True)
-class QualitySkewSettings:
-    client_fraction: float = 0.5
-    group: int | None = None  # None: the group with the fewest persons in the clients' training data
-    dim: float = 0.35  # pixel multiplier inside the group's boxes on skewed clients
-    missing_rate: float = 0.3  # share of the group's training boxes missing on skewed clients
-
-    def __post_init__(self) -> None:
-        if not 0 < self.client_fraction <= 1:
-            raise ValueError(f"scenario.quality_skew.client_fraction must be in (0, 1], got {self.client_fraction}")
-        if not 0 < self.dim <= 1:
-            raise ValueError(f"scenario.quality_skew.dim must be in (0, 1], got {self.dim}")
-        if not 0 <= self.missing_rate <= 1:
-            raise ValueError(f"scenario.quality_skew.missing_rate must be in [0, 1], got {self.missing_rate}")
 
 
 def skewed_clients(num_clients: int, fraction: float, seed: int) -> list[int]:
@@ -90,7 +75,7 @@ def apply_quality_skew(data: Any, settings: QualitySkewSettings, seed: int) -> t
     train_all = np.concatenate([c.train for c in data.splits.clients])
     group = minority_group(ann, train_all, data.num_groups) if settings.group is None else settings.group
     if not 0 <= group < data.num_groups:
-        raise ValueError(f"scenario.quality_skew.group must lie in 0..{data.num_groups - 1}, got {group}")
+        raise ValueError(f"dataset.quality_skew.group must lie in 0..{data.num_groups - 1}, got {group}")
     skew_images = np.concatenate([np.concatenate([data.splits.clients[c].train, data.splits.clients[c].val])
                                   for c in clients])
     target = (ann.groups == group) & np.isin(ann.image_index, skew_images)

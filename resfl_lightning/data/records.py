@@ -193,7 +193,8 @@ def read_image_size(path: Path, verify: bool = False) -> tuple[int, int]:
     try:
         with Image.open(path) as im:
             width, height = im.size
-            orientation = im.getexif().get(0x0112, 1)
+            exif = im.getexif()
+            orientation = exif[0x0112] if 0x0112 in exif else 1  # no orientation tag: stored upright
             if verify:
                 im.load()
     except FileNotFoundError:

@@ -1,5 +1,5 @@
-"""Federated views of a tabular classification dataset (UCI Adult): client shards of the training file, the attack
-reserve, and the official test file as the test split.
+"""Federated views of a tabular classification dataset (e.g. UCI Adult, data/datasets/adult.py): client shards of the
+training rows, the attack reserve, and the dataset's own test rows as the test split.
 
 Rows live in one index space: the training file's rows first (0..n_train-1), then the test file's rows, so every
 split (and every `index` an attack sees) is a plain row index into the same arrays.
@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from resfl_lightning.config import ConfigError
-from resfl_lightning.data.adult import ADULT_URL, SENSITIVE_GROUPS, adult_feature_names, load_adult
 from resfl_lightning.data.federated import ClientSplitLoaders, LoaderSettings
 from resfl_lightning.data.partition import FederatedSplits, make_federated_splits
 
-ADULT_FILES = ("adult.data", "adult.test")
+IN_PROCESS = LoaderSettings()  # no DataLoader workers
 
 
 class TabularRows(Dataset):
@@ -97,65 +93,23 @@ class FederatedTabularData(ClientSplitLoaders):
 
 
 def federated_tabular_data(x_train: np.ndarray, y_train: np.ndarray, s_train: np.ndarray, x_test: np.ndarray,
-                           y_test: np.ndarray, s_test: np.ndarray, num_groups: int, cfg: DictConfig, seed: int,
+                           y_test: np.ndarray, s_test: np.ndarray, num_groups: int, seed: int, *, num_clients: int,
+                           reserve_fraction: float, val_fraction: float, batch_size: int,
+                           eval_batch_size: int | None = None, partition: str = "iid", dirichlet_alpha: float = 0.5,
+                           dirichlet_centre: str = "uniform", loader: LoaderSettings = IN_PROCESS,
                            group_names: tuple[str, ...] = (), feature_names: tuple[str, ...] = ()
                            ) -> FederatedTabularData:
-    """Client shards + reserve from the training rows (stratified by group); the test rows form the test split."""
-    if float(cfg.get("test_fraction", 0.0)) != 0.0:
-        raise ConfigError(f"dataset.test_fraction: {cfg.name} is tested on its own test file, so the training file "
-                          f"is not split for testing; set it to 0 (got {cfg.test_fraction})")
+    """Client shards + reserve from the training rows (stratified by group, make_federated_splits); the test rows
+    form the test split. eval_batch_size None: batch_size."""
     n_train = len(y_train)
-    part = make_federated_splits(s_train, num_clients=int(cfg.num_clients), test_fraction=0.0,
-                                 reserve_fraction=float(cfg.reserve_fraction), val_fraction=float(cfg.val_fraction),
-                                 partition=cfg.partition, alpha=float(cfg.dirichlet_alpha), seed=seed,
-                                 dirichlet_centre=cfg.get("dirichlet_centre", "uniform"))
+    part = make_federated_splits(s_train, num_clients=num_clients, test_fraction=0.0,
+                                 reserve_fraction=reserve_fraction, val_fraction=val_fraction, partition=partition,
+                                 alpha=dirichlet_alpha, seed=seed, dirichlet_centre=dirichlet_centre)
     splits = dataclasses.replace(part, test=np.arange(n_train, n_train + len(y_test), dtype=np.int64))
     return FederatedTabularData(
         x=torch.from_numpy(np.concatenate([x_train, x_test]).astype(np.float32)),
         y=torch.from_numpy(np.concatenate([y_train, y_test]).astype(np.int64)),
         groups=torch.from_numpy(np.concatenate([s_train, s_test]).astype(np.int64)),
-        splits=splits, num_groups=num_groups, batch_size=int(cfg.batch_size),
-        eval_batch_size=int(cfg.get("eval_batch_size") or cfg.batch_size), group_names=tuple(group_names),
-        feature_names=tuple(feature_names), loader=LoaderSettings.from_config(cfg))
-
-
-# ---- UCI Adult -----------------------------------------------------------------------------------------------
-
-
-def expected_num_features(cfg: DictConfig) -> int:
-    """Width of the preprocessed Adult features for this config (105, less the sensitive block when dropped)."""
-    return len(adult_feature_names((cfg.sensitive,) if cfg.get("drop_sensitive", False) else ()))
-
-
-def preflight(cfg: DictConfig) -> None:
-    """Fail before any process starts: dataset.root set and holding the UCI files (or download allowed), and
-    dataset.num_features matching the preprocessing."""
-    if cfg.sensitive not in SENSITIVE_GROUPS:
-        raise ConfigError(f"dataset.sensitive: must be one of {', '.join(SENSITIVE_GROUPS)}, got {cfg.sensitive!r}")
-    download = bool(cfg.get("download", False))
-    if cfg.get("root") in (None, ""):
-        raise ConfigError(f"dataset.root: not set. Point it at the folder holding {' and '.join(ADULT_FILES)} "
-                          f"(dataset.root=/path/to/adult or ADULT_ROOT=/path/to/adult), from {ADULT_URL}")
-    root = Path(str(cfg.root)).expanduser()
-    missing = [name for name in ADULT_FILES if not (root / name).is_file()]
-    if missing and not download:
-        raise ConfigError(f"dataset.root: {root} lacks {', '.join(missing)} (expected {' and '.join(ADULT_FILES)} "
-                          f"from {ADULT_URL}); fix dataset.root or set dataset.download=true")
-    expected = expected_num_features(cfg)
-    if int(cfg.num_features) != expected:
-        raise ConfigError(f"dataset.num_features: Adult with sensitive={cfg.sensitive} and drop_sensitive="
-                          f"{bool(cfg.get('drop_sensitive', False))} has {expected} features, "
-                          f"got {cfg.num_features}; set dataset.num_features={expected}")
-
-
-def build(cfg: DictConfig, seed: int) -> FederatedTabularData:
-    """Adult from dataset.root: IID (or Dirichlet) client shards of adult.data, adult.test as the test split."""
-    preflight(cfg)
-    adult = load_adult(Path(str(cfg.root)).expanduser(), sensitive=cfg.sensitive, download=bool(cfg.download),
-                       drop_sensitive=bool(cfg.get("drop_sensitive", False)))
-    if adult.X_train.shape[1] != int(cfg.num_features):  # preflight's count and the loader must agree
-        raise ConfigError(f"dataset.num_features: the loaded data has {adult.X_train.shape[1]} features, "
-                          f"config says {cfg.num_features}")
-    return federated_tabular_data(adult.X_train, adult.y_train, adult.s_train, adult.X_test, adult.y_test,
-                                  adult.s_test, num_groups=len(adult.group_names), cfg=cfg, seed=seed,
-                                  group_names=tuple(adult.group_names), feature_names=tuple(adult.feature_names))
+        splits=splits, num_groups=num_groups, batch_size=batch_size,
+        eval_batch_size=batch_size if eval_batch_size is None else eval_batch_size, group_names=tuple(group_names),
+        feature_names=tuple(feature_names), loader=loader)

@@ -60,7 +60,7 @@ def _err(iv) -> tuple[list[float], list[float]]:
 
 
 def plot_pareto(summary: dict, path: Path, title: str = "") -> Path:
-    """summary: method -> column -> (Interval, diff) as resfl_lightning.table.summarise returns it."""
+    """summary: method -> column -> (Interval, diff) as resfl_lightning.analysis.table.summarise returns it."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, (key, label) in zip(axes, PANELS):
         shown = []

@@ -1,4 +1,4 @@
-"""The 13-condition weather evaluation (SPEC §8): clear + cloud/rain/fog x 25/50/75/100 %.
+"""The 13-condition weather evaluation (docs/method.md §8): clear + cloud/rain/fog x 25/50/75/100 %.
 
 Two ways to get the images of each condition:
 - "synthetic": every test image passes through `apply_weather(image, condition, intensity, weather_seed(seed, id))`

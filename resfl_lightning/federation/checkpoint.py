@@ -68,10 +68,12 @@ def load_checkpoint(path: Path, restore_rng: bool = True) -> ServerState:
         raise KeyError(f"checkpoint {path} lacks keys {sorted(missing)}")
     if restore_rng and "rng" in payload:
         _set_rng_state(payload["rng"])
+    # A checkpoint written before SWA, the logger id or the extra state were saved holds none of them.
+    payload = {"swa": None, "swa_count": 0, "logger_run_id": "", "extra": {}, **payload}
     return ServerState(
         round_idx=int(payload["round_idx"]), theta=payload["theta"], int_buffers=payload["int_buffers"],
-        swa=payload.get("swa"), swa_count=int(payload.get("swa_count", 0)),
-        logger_run_id=str(payload.get("logger_run_id", "")), extra=payload.get("extra", {}),
+        swa=payload["swa"], swa_count=int(payload["swa_count"]), logger_run_id=str(payload["logger_run_id"]),
+        extra=payload["extra"],
     )
 
 

@@ -41,11 +41,12 @@ def _finite(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
-def check_update(report, delta: torch.Tensor, score: float, client_id: int, round_idx: int) -> None:
+def check_update(report, delta: torch.Tensor, score: float | None, client_id: int, round_idx: int) -> None:
     """Raise ClientFault (naming client, round and field) unless the report and update can be aggregated.
 
     NaN is allowed where it means "not measured": ufm_raw (fewer than two groups), ufm_ema (EMA off or not yet
-    set) and fim_eigenvalue (not requested); the aggregation score must be finite or -inf (weight 0)."""
+    set) and fim_eigenvalue (not requested); a streaming rule's score must be finite or -inf (weight 0); a gather-all
+    rule has no per-client score (None)."""
     where = f"client {client_id}, round {round_idx}"
     if not isinstance(report, ClientReport):
         raise ClientFault(f"{where}: report is a {type(report).__name__}, not a ClientReport")
@@ -60,7 +61,8 @@ def check_update(report, delta: torch.Tensor, score: float, client_id: int, roun
     bad = [k for k, v in report.train_losses.items() if not _finite(v)]
     if bad:
         raise ClientFault(f"{where}: non-finite training loss {bad[0]}={report.train_losses[bad[0]]!r}")
-    if not (_finite(score) or score == -math.inf):  # -inf is a weight of exactly 0 (FairFed), not a fault
+    # -inf is a weight of exactly 0 (FairFed), not a fault
+    if score is not None and not (_finite(score) or score == -math.inf):
         raise ClientFault(f"{where}: aggregation score {score!r} is not finite")
     if not torch.isfinite(delta).all():
         raise ClientFault(f"{where}: update has {int((~torch.isfinite(delta)).sum())} non-finite values")
@@ -103,7 +105,10 @@ class FaultPlan:
         return cls(entries)
 
     def fault(self, client_id: int, round_idx: int) -> str | None:
-        return self.entries.get((client_id, round_idx), self.entries.get((client_id, None)))
+        for key in ((client_id, round_idx), (client_id, None)):  # this round's fault first, then an every-round one
+            if key in self.entries:
+                return self.entries[key]
+        return None
 
     def before_training(self, client_id: int, round_idx: int) -> None:
         if self.fault(client_id, round_idx) == "raise":

@@ -21,14 +21,15 @@ import lightning as L
 import numpy as np
 import torch
 
+from resfl_lightning.aggregation.base import AggregationRule
+from resfl_lightning.aggregation.streaming import StreamingWeightedSum, combine_normalisers
 from resfl_lightning.clients.base import FederatedClient
-from resfl_lightning.federation.aggregation import Aggregator, StreamingWeightedSum, combine_normalisers
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
 from resfl_lightning.federation.client_state import ClientStateStore
 from resfl_lightning.federation.collectives import PROGRESS, Collectives
 from resfl_lightning.federation.faults import FaultPlan, check_group_stats, check_update, warn_dropped
 from resfl_lightning.federation.local import local_train
-from resfl_lightning.federation.participation import deal, sample_clients
+from resfl_lightning.federation.participation import deal, sample_clients, sample_size
 from resfl_lightning.federation.state import FlatLayout
 from resfl_lightning.metrics.ufm import relative_gate_threshold
 from resfl_lightning.types import ClientReport
@@ -68,6 +69,7 @@ class FederationSettings:
     sam_rho: float = 0.0  # > 0: SAM local optimiser (FedSAM, CurvFed)
     keep_best_epoch: bool = False  # CurvFed Algorithm 1: evaluate after each local epoch, keep the best
     client_state_memory_mb: float = 256.0
+    gather_memory_mb: float = 4096.0  # budget for a gather-all rule's stacked updates (N x |theta| float32)
     relative_gate_k: float | None = None  # ufm.gate_mode=relative: the k of median - k MAD (None: absolute gate)
     clients_per_round: int | float | None = None  # None: every client; a count; or a fraction in (0, 1]
     min_clients: int = 1  # quorum: a round with fewer aggregated clients is skipped (theta_G unchanged)
@@ -152,7 +154,7 @@ class Federation:
     fabric: L.Fabric
     client_factory: Callable[[], FederatedClient]
     data: object  # resfl_lightning.data.federated.FederatedData
-    aggregator: Aggregator
+    aggregator: AggregationRule
     settings: FederationSettings
     update_transforms: list[UpdateTransform] = field(default_factory=list)
     logger_run_id: str = ""
@@ -230,7 +232,8 @@ class Federation:
             dp_epsilon=client.dp_epsilon(), calibration=client.calibration_statistics(val_loader),
         )
         report, delta = self.faults.after_training(client_id, round_idx, report, delta)
-        check_update(report, delta, self.aggregator.score(report), client_id, round_idx)
+        score = None if self.aggregator.gathers_all else self.aggregator.score(report)
+        check_update(report, delta, score, client_id, round_idx)
         # Only a usable round updates the client's own state: a dropped client keeps its previous one.
         self.client_states.put(client_id, round_idx, client.export_local_state())
         return report, delta
@@ -272,6 +275,9 @@ class Federation:
         client = fabric.to_device(client)
         client.fabric = fabric  # lets the un-wrapped module log through Fabric
         layout = FlatLayout.of(client)
+        if self.aggregator.gathers_all:  # fail before any training when the stacked updates cannot fit
+            self.aggregator.check_memory(sample_size(s.clients_per_round, self.data.num_clients), layout.numel,
+                                         s.gather_memory_mb)
         state = self.initial_state(client, layout)
         state.logger_run_id = state.logger_run_id or self.logger_run_id
         fabric.call("on_fit_start", federation=self, model=client, layout=layout, state=state)
@@ -290,32 +296,35 @@ class Federation:
             os.kill(os.getpid(), signal.SIGKILL)
         fabric.call("on_round_start", federation=self, round_idx=round_idx)
         state, stats_failed = self._prepare_aggregator(client, layout, state, round_idx)
+        gather_all = self.aggregator.gathers_all
         acc = StreamingWeightedSum(layout.numel, device=state.theta.device)
-        own_reports, own_dropped = [], list(stats_failed.items())
+        own_reports, own_dropped, own_updates = [], list(stats_failed.items()), []
         for client_id in self.own_clients(round_idx):
             if client_id in stats_failed:  # no server weight for it this round: training it would be wasted
                 continue
             try:
                 report, delta = self.train_client(client, layout, state, client_id, round_idx, times)
-            except Exception as err:  # noqa: BLE001 - a failing client must not end the run (issue 11)
+            except Exception as err:  # noqa: BLE001 - a failing client must not end the run (docs/design.md)
                 reason = f"{type(err).__name__}: {err}"
                 warn_dropped(client_id, round_idx, reason)
                 own_dropped.append((client_id, reason))
                 continue
-            acc.add(self.aggregator.score(report), delta)
+            if gather_all:  # kept until every rank's updates are gathered
+                own_updates.append((client_id, delta))
+            else:
+                acc.add(self.aggregator.score(report), delta)
             own_reports.append(report)
             fabric.call("on_client_end", federation=self, round_idx=round_idx, report=report, delta=delta,
                         layout=layout)
         t0 = time.perf_counter()
-        gathered = self._gather((own_reports, own_dropped, acc.max_score, acc.normaliser))
+        gathered = self._gather((own_reports, own_dropped, acc.max_score, acc.normaliser, own_updates))
         reports = sorted((r for part in gathered for r in part[0]), key=lambda r: r.client_id)
         dropped = dict(sorted(d for part in gathered for d in part[1]))
         theta, skip = state.theta, self._quorum(len(reports), round_idx)
-        if skip is None and not any(z > 0 for *_, z in gathered):
+        if skip is None and not gather_all and not any(part[3] > 0 for part in gathered):
             skip = "every usable client update has aggregation weight 0"
         if skip is None:  # every rank takes the same branch: all of them saw the same gathered reports
-            gmax, gnorm = combine_normalisers([(m, z) for _, _, m, z in gathered])
-            mean_delta = self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
+            mean_delta = self._aggregate(acc, gathered, reports)
             theta = (state.theta.to(torch.float64) + s.server_lr * mean_delta).to(torch.float32)
             if not torch.isfinite(theta).all():
                 theta, skip = state.theta, "the aggregated model has non-finite values"
@@ -356,6 +365,16 @@ class Federation:
         self._stop_after_too_many_skipped(state, round_idx, skip)
         return state
 
+    def _aggregate(self, acc: StreamingWeightedSum, gathered: list, reports: list[ClientReport]) -> torch.Tensor:
+        """The round's aggregate update (float64): the all-reduced streaming sum, or the gather-all rule applied to
+        every rank's updates stacked in client-id order (the same stack on every rank and world size)."""
+        if not self.aggregator.gathers_all:
+            gmax, gnorm = combine_normalisers([(part[2], part[3]) for part in gathered])
+            return self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
+        updates = dict(u for part in gathered for u in part[4])
+        stacked = torch.stack([updates[r.client_id].to(acc.acc.device) for r in reports])
+        return self.aggregator.aggregate(stacked, reports).to(torch.float64)
+
     @staticmethod
     def _count_skipped(state: ServerState, skipped: bool) -> ServerState:
         """Rounds skipped in a row so far (kept in the checkpoint, so a resumed run goes on counting)."""
@@ -381,7 +400,7 @@ class Federation:
         """Aggregators whose weights depend on every client's view of the global model (FairFed) get, before local
         training, each client's per-group (TP, positives) counts of theta_G on its validation split. Returns the
         new state and the own clients whose statistics failed (they are dropped from the round, never the run)."""
-        if not getattr(self.aggregator, "needs_group_stats", False):
+        if not self.aggregator.needs_group_stats:
             return state, {}
         layout.load(client, state.theta, state.int_buffers)
         own, failed = {}, {}

@@ -118,7 +118,7 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         fg_groups = groups.gather(1, target_gt_idx.clamp(min=0))[fg_mask] if groups.shape[1] else \
             torch.empty(0, dtype=torch.long, device=self.device)
         # KL target: the anchor's HARD outcome (its assigned class), never the soft task-aligned score, which would
-        # penalise evidence for the correct class (SPEC §2, L_unc).
+        # penalise evidence for the correct class (docs/method.md §2, L_unc).
         y_hard = torch.nn.functional.one_hot(target_labels[fg_mask].long(), self.nc + 1).to(alpha.dtype)
         fg_unc = dirichlet_kl_uniform(alpha[fg_mask], y_hard)
 

@@ -1,4 +1,5 @@
-"""L_fair of the PUFFLE / PFU-FL / PrivFairFL-Pre baselines (SPEC §5): distance between group feature means."""
+"""L_fair of the PUFFLE / PFU-FL / PrivFairFL-Pre baselines (docs/method.md §5): distance between group feature
+means."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""COCO mAP (SPEC section 6) through torchmetrics' MeanAveragePrecision with the faster_coco_eval backend."""
+"""COCO mAP (docs/method.md §6) through torchmetrics' MeanAveragePrecision with the faster_coco_eval backend."""
 
 from __future__ import annotations
 

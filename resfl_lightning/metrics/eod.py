@@ -1,4 +1,4 @@
-"""Equalized-odds difference for detection (SPEC §6, data poisoning): EOD = |TPR_p - TPR_u| + |FPR_p - FPR_u|.
+"""Equalized-odds difference for detection (docs/method.md §6, data poisoning): EOD = |TPR_p - TPR_u| + |FPR_p - FPR_u|.
 
 Detection has no per-group negatives, so FPR needs a reading **(ours)**, taken at the image level:
   an image "of group g" is one that contains at least one ground-truth person of group g; it counts as a false

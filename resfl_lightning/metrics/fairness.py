@@ -1,4 +1,4 @@
-"""Group fairness metrics (SPEC section 6): per-group TPR from the matching protocol, DI, Delta-EOP, EOD, scores.
+"""Group fairness metrics (docs/method.md §6): per-group TPR from the matching protocol, DI, Delta-EOP, EOD, scores.
 
 Detection TPRs are micro-averaged over every ground-truth person of a group (never averaged per image).
 Classification metrics take binary y_true / y_pred and an integer sensitive attribute (-1 = unknown, excluded).

@@ -1,4 +1,5 @@
-"""FATE (CurvFed, SPEC section 6): accuracy gain plus weighted EO-gap reduction, both relative to a FedAvg baseline."""
+"""FATE (CurvFed, docs/method.md §6): accuracy gain plus weighted EO-gap reduction, both relative to a FedAvg
+baseline."""
 
 from __future__ import annotations
 

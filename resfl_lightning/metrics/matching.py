@@ -1,6 +1,7 @@
-"""Fairness matching protocol (SPEC section 6): per-image greedy one-to-one matching of predictions to ground truth.
+"""Fairness matching protocol (docs/method.md §6): per-image greedy one-to-one matching of predictions to ground truth.
 
-IoU is only ever computed between boxes of the same image; pooling boxes across images is a known trap (SPEC 9).
+IoU is only ever computed between boxes of the same image; pooling boxes across images is a known trap
+(docs/method.md §9).
 """
 
 from __future__ import annotations

@@ -38,6 +38,11 @@ def _nanmean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
+def _logged(row: dict, key: str):
+    """The round's value of `key`, NaN in a round that did not log it."""
+    return row[key] if key in row else math.nan
+
+
 def run_mechanism(rows: Sequence[dict], skewed: Sequence[int] | None = None) -> dict[str, float]:
     """What UFM weighting had to act on in one run, from its per-round metrics rows (metrics.jsonl).
 
@@ -67,8 +72,8 @@ def run_mechanism(rows: Sequence[dict], skewed: Sequence[int] | None = None) -> 
     ratio = med_se / med_spread if spread else math.nan
     return {"ufm_se": med_se, "ufm_spread": med_spread, "se_over_spread": ratio,
             "informative_rounds": float(len(spread)),
-            "spearman": _nanmean([r.get("mechanism/spearman_ufm_val_delta_eop", math.nan) for r in rows]),
-            "max_weight": _nanmean([r.get("clients/max_weight", math.nan) for r in rows]),
+            "spearman": _nanmean([_logged(r, "mechanism/spearman_ufm_val_delta_eop") for r in rows]),
+            "max_weight": _nanmean([_logged(r, "clients/max_weight") for r in rows]),
             "gated_uniform_rounds": float(sum(float(r.get("aggregation/gated_uniform") or 0.0) for r in rows)),
             "weight_skewed": _nanmean(w_skewed) if skewed_ids else math.nan,
             "weight_clean": _nanmean(w_clean) if skewed_ids else math.nan}

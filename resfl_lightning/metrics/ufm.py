@@ -1,4 +1,4 @@
-"""Uncertainty Fairness Metric (SPEC section 3) and the label-free / partial-label cohort builders.
+"""Uncertainty Fairness Metric (docs/method.md §3) and the label-free / partial-label cohort builders.
 
 UFM compares the mean Dirichlet strength alpha_0 (evidence) the model shows on each group:
 Delta_u = max_g 1/abar_g - min_g 1/abar_g, UFM = Delta_u / (mean_g 1/abar_g + eps).

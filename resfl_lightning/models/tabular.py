@@ -1,4 +1,5 @@
-"""TabularNet: an MLP (Linear -> BatchNorm1d -> ReLU blocks) with an evidential Dirichlet head (SPEC §1, §8 Adult)."""
+"""TabularNet: an MLP (Linear -> BatchNorm1d -> ReLU blocks) with an evidential Dirichlet head (docs/method.md §1,
+§8 Adult)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-example DP-SGD for one client (SPEC §5 FedAvg-DP; PUFFLE and PFU-FL reuse it), built on opacus.
+"""Per-example DP-SGD for one client (docs/method.md §5 FedAvg-DP; PUFFLE and PFU-FL reuse it), built on opacus.
 
 opacus supplies every privacy-critical piece: per-sample gradients (GradSampleModule hooks), per-sample clipping and
 Gaussian noise (DPOptimizer), Poisson sampling (UniformWithReplacementSampler) and the accountant (PRV by default).
@@ -24,46 +24,38 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from resfl_lightning.config import rules
+from resfl_lightning.config.fields import Section, setting
+
 ACCOUNTANTS = ("prv", "rdp", "gdp")
 # opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
 
 
-@dataclass(frozen=True)
-class DPSettings:
+@dataclass(kw_only=True, frozen=True)
+class DPConfig(Section):
     """`algorithm.dp`: per-example clipping at max_grad_norm, noise from a run-level (epsilon, delta) target.
 
     Exactly one of target_epsilon (noise multiplier from the accountant) and noise_multiplier (fixed sigma; 0 means
-    clipping only, as PFU-FL) is set. rounds / local_epochs are the run's plan, over which a client's budget is spent.
-    """
+    clipping only, as PFU-FL) is set."""
 
-    max_grad_norm: float = 1.0
-    target_epsilon: float | None = 1.0
-    target_delta: float = 1e-6
-    noise_multiplier: float | None = None
-    accountant: str = "prv"
-    rounds: int = 1
-    local_epochs: int = 1
+    section = "algorithm.dp"
+    checks = (rules.dp_budget,)
 
-    def __post_init__(self) -> None:
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"algorithm.dp.max_grad_norm must be > 0, got {self.max_grad_norm}")
-        if (self.target_epsilon is None) == (self.noise_multiplier is None):
-            raise ValueError("algorithm.dp: set exactly one of target_epsilon and noise_multiplier "
-                             f"(got {self.target_epsilon} and {self.noise_multiplier})")
-        if self.target_epsilon is not None and not self.target_epsilon > 0:
-            raise ValueError(f"algorithm.dp.target_epsilon must be > 0, got {self.target_epsilon}")
-        if self.noise_multiplier is not None and self.noise_multiplier < 0:
-            raise ValueError(f"algorithm.dp.noise_multiplier must be >= 0, got {self.noise_multiplier}")
-        if not 0 < self.target_delta < 1:
-            raise ValueError(f"algorithm.dp.target_delta must be in (0, 1), got {self.target_delta}")
-        if self.accountant not in ACCOUNTANTS:
-            raise ValueError(f"algorithm.dp.accountant must be one of {', '.join(ACCOUNTANTS)}, got "
-                             f"{self.accountant!r}")
-        if self.rounds < 1 or self.local_epochs < 1:
-            raise ValueError(f"algorithm.dp: rounds and local_epochs must be >= 1, got {self.rounds}, "
-                             f"{self.local_epochs}")
+    max_grad_norm: float = setting(1.0, "per-example clip C", gt=0)
+    target_epsilon: float | None = setting(1.0, "run-level epsilon per client (null: noise_multiplier given)", gt=0)
+    target_delta: float = setting(1e-6, "run-level delta per client", gt=0, lt=1)
+    noise_multiplier: float | None = setting(None, "fixed z instead of a target epsilon (0: clipping only)", ge=0)
+    accountant: str = setting("prv", "opacus accountant", choices=ACCOUNTANTS)
+
+
+@dataclass(kw_only=True, frozen=True)
+class DPSettings(DPConfig):
+    """DPConfig with the run's plan (rounds x local_epochs), over which a client's budget is spent."""
+
+    rounds: int = setting(1, "federation.rounds", ge=1)
+    local_epochs: int = setting(1, "federation.local_epochs", ge=1)
 
 
 def sample_rate(num_samples: int, batch_size: int) -> float:

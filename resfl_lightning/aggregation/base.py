@@ -1,0 +1,73 @@
+"""The two kinds of aggregation rule (docs/design.md, "Aggregation rules").
+
+- StreamingRule: a client's weight is softmax_i(score(report_i)) with a score that depends on its own report alone,
+  so each rank folds omega_i * delta_i into one running float64 sum as clients finish and the ranks combine with one
+  all-reduce: memory O(|theta|) whatever the number of clients.
+- GatherAllRule: the rule needs every update of the round at once (median, trimmed mean, Krum, ...). The orchestrator
+  gathers the round's deltas from every rank, stacks them in client-id order and calls `aggregate`; memory
+  O(N |theta|), checked against `federation.gather_memory_mb` before the first round.
+
+A new rule is one module here (a subclass of either kind) + one yaml in conf/aggregation/ naming it in `_target_`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from resfl_lightning.types import ClientReport
+
+
+class GatherMemoryError(MemoryError):
+    """A gather-all rule's stacked updates would not fit the configured memory budget."""
+
+
+class AggregationRule:
+    """What every rule shares: a name for logs, and the per-client weights the round logs."""
+
+    gathers_all: ClassVar[bool] = False
+    needs_group_stats: ClassVar[bool] = False  # True: `prepare` gets every client's group counts before training
+    needs_fim: ClassVar[bool] = False  # True: clients must report their Fisher eigenvalue (algorithm.report_fim)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def weights(self, reports: list[ClientReport]) -> dict[int, float]:
+        raise NotImplementedError
+
+
+class StreamingRule(AggregationRule):
+    """Maps a ClientReport to an unnormalised log-weight; omega = softmax over the round's clients."""
+
+    def score(self, report: ClientReport) -> float:
+        raise NotImplementedError
+
+    def weights(self, reports: list[ClientReport]) -> dict[int, float]:
+        scores = torch.tensor([self.score(r) for r in reports], dtype=torch.float64)
+        w = torch.softmax(scores, dim=0).tolist()
+        return {r.client_id: wi for r, wi in zip(reports, w)}
+
+
+class GatherAllRule(AggregationRule):
+    """Sees the round's updates stacked as deltas[N, P] (rows in the order of `reports`, i.e. by client id)."""
+
+    gathers_all = True
+
+    def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        """The aggregate update (P values); theta_G <- theta_G + server_lr * aggregate."""
+        raise NotImplementedError
+
+    def weights(self, reports: list[ClientReport]) -> dict[int, float]:
+        """Logged per-client weight: one equal vote each (a rule that weighs clients overrides this)."""
+        return {r.client_id: 1.0 / len(reports) for r in reports}
+
+    def check_memory(self, num_clients: int, numel: int, budget_mb: float) -> None:
+        """Stop before the first round when num_clients stacked float32 updates exceed the budget."""
+        need_mb = num_clients * numel * 4 / 2**20
+        if need_mb > budget_mb:
+            raise GatherMemoryError(
+                f"aggregation {self.name} gathers every update: {num_clients} clients x {numel:,} values need "
+                f"{need_mb:,.0f} MiB, more than federation.gather_memory_mb={budget_mb:g}; sample fewer clients "
+                "per round (federation.clients_per_round) or choose a streaming rule")

@@ -1,0 +1,32 @@
+"""DP-SGD methods (FedAvg-DP, PUFFLE, PFU-FL): per-example clipping and Gaussian noise on every client (opacus;
+resfl_lightning/privacy/dp.py), with the client's budget planned over federation.rounds x local_epochs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from resfl_lightning.algorithms.base import Algorithm
+from resfl_lightning.config.fields import setting
+from resfl_lightning.privacy.dp import DPConfig, DPSettings
+
+
+@dataclass(kw_only=True)
+class DPSGD(Algorithm):
+    per_sample_clipping = True
+
+    dp: DPConfig = setting(doc="per-example DP-SGD: clip, noise, accountant")
+
+    def attach(self, client: Any, run: Any) -> Any:
+        """A GroupNorm model (opacus' ModuleValidator.fix), opacus hooks and the accountant, set before any gradient
+        exists so every client and the global model share one layout."""
+        from resfl_lightning.privacy.dp import ClientDP, prepare_model
+
+        settings = DPSettings(**{f.name: getattr(self.dp, f.name) for f in dataclasses.fields(self.dp)},
+                              rounds=run.federation.rounds, local_epochs=run.federation.local_epochs)
+        client.model = prepare_model(client.model)
+        if hasattr(client, "criterion"):  # the detection loss reads the (new) model's head geometry
+            client.criterion = type(client.criterion)(client.model)
+        client.dp = ClientDP(settings, client.model)
+        return client

@@ -1,0 +1,157 @@
+"""The comparison table's columns, built from conf/table/columns.yaml: what one cell of a (method, seed) holds.
+
+An entry without `_target_` is a key of the run's summary.json (Column); a `_target_` names a column derived from
+several files (the FedAvg run of the same seed, the attacked runs, the wall time). A new column is one yaml entry,
+or one class here (or in any importable module) plus its entry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.compare import compare_runs, load_run, run_privacy_score
+from resfl_lightning.resources import conf_dir
+
+
+@dataclass
+class SeedRuns:
+    """The finished run directories of one (method, seed) of a table folder: its privacy run, the baseline's privacy
+    run of the same seed, and its attacked runs (attack -> directory; empty without --robustness)."""
+
+    run_dir: Path
+    baseline_dir: Path
+    attacked: dict[str, Path]
+    _loaded: dict[Path, dict] = field(default_factory=dict, repr=False)
+
+    def load(self, path: Path) -> dict:
+        """compare.load_run of `path`, read once."""
+        if path not in self._loaded:
+            self._loaded[path] = load_run(path)
+        return self._loaded[path]
+
+    @property
+    def run(self) -> dict:
+        return self.load(self.run_dir)
+
+
+def finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """A column: its header, the name of its values in table.csv (`key`; for this class also the summary.json key
+    it reads), which direction is better, whether its paired difference to the baseline is reported, decimals."""
+
+    header: str
+    key: str
+    lower_is_better: bool
+    paired: bool = True
+    decimals: int = 3
+
+    def value(self, runs: SeedRuns) -> float | None:
+        summary = runs.run["summary"]
+        return finite(summary[self.key]) if self.key in summary else None
+
+    def attacks(self) -> tuple[str, ...]:
+        """Attack groups whose runs this column reads besides the privacy run (trained with --robustness)."""
+        return ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Utility(Column):
+    """Detection mAP@50-95 (test/map), else classification accuracy (test/accuracy)."""
+
+    def value(self, runs: SeedRuns) -> float | None:
+        summary = runs.run["summary"]
+        mean_ap = finite(summary["test/map"]) if "test/map" in summary else None
+        if mean_ap is not None:
+            return mean_ap
+        return finite(summary["test/accuracy"]) if "test/accuracy" in summary else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyScore(Column):
+    """(MIA balanced accuracy + AIA balanced accuracy) / 2 of the run (compare.run_privacy_score)."""
+
+    def value(self, runs: SeedRuns) -> float | None:
+        return run_privacy_score(runs.run)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fate(Column):
+    """FATE of the run against the baseline's run of the same seed (compare.compare_runs, fate_baseline)."""
+
+    def value(self, runs: SeedRuns) -> float | None:
+        return compare_runs(runs.load(runs.baseline_dir), runs.run, fate_baseline=True)["metrics"]["fate"]["value"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackedChange(Column):
+    """compare.compare_runs's metric `key` (ba_ad, dpa_eodd) between the privacy run and its run under `attack`;
+    empty without --robustness."""
+
+    attack: str
+
+    def value(self, runs: SeedRuns) -> float | None:
+        if self.attack not in runs.attacked:
+            return None
+        return compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]["value"]
+
+    def attacks(self) -> tuple[str, ...]:
+        return (self.attack,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WallTime(Column):
+    """Seconds the run took to train (table_wall_s.json, written by the table beside the run)."""
+
+    def value(self, runs: SeedRuns) -> float | None:
+        return float(json.loads((runs.run_dir / "table_wall_s.json").read_text())["wall_s"])
+
+
+def columns_file() -> Path:
+    return conf_dir() / "table" / "columns.yaml"
+
+
+def load_columns(path: Path | None = None) -> list[Column]:
+    """The table's columns, left to right, instantiated from the `columns` list of `path` (conf/table/columns.yaml)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    path = path or columns_file()
+    entries = _section(path, "columns")
+    out = []
+    for i, entry in enumerate(entries):
+        spec = OmegaConf.to_container(entry)
+        spec.setdefault("_target_", f"{__name__}.Column")  # a plain entry is a summary.json key
+        try:
+            column = instantiate(spec)
+        except InstantiationException as err:
+            raise ValueError(f"{path}: columns[{i}]: {err}") from None
+        if not isinstance(column, Column):
+            raise ValueError(f"{path}: columns[{i}]: {spec['_target_']} is no {__name__}.Column")
+        out.append(column)
+    keys = [c.key for c in out]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{path}: columns: a key appears twice in {keys}")
+    return out
+
+
+def load_mechanism_columns(path: Path | None = None) -> list[tuple[str, str]]:
+    """(header, key) of the mechanism table (keys of metrics/mechanism.py::run_mechanism), from `mechanism`."""
+    path = path or columns_file()
+    return [(str(e.header), str(e.key)) for e in _section(path, "mechanism")]
+
+
+def _section(path: Path, name: str):
+    cfg = OmegaConf.load(path)
+    if name not in cfg or not OmegaConf.is_list(cfg[name]) or not cfg[name]:
+        raise ValueError(f"{path}: {name}: expected a non-empty list of columns")
+    return cfg[name]

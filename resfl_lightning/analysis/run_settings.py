@@ -1,0 +1,60 @@
+"""Does a finished run match the command that would train it now? `make table` skips finished runs, so a run trained
+with other settings (an older table preset, other ARGS) would silently enter a new table without this check.
+
+The reference is the resolved config the run saved (RUN/config.yaml, written by callbacks/run_files.py), compared
+with the config the same overrides compose to now.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from resfl_lightning.resources import conf_dir
+
+
+def composed_settings(overrides: list[str]) -> dict[str, Any]:
+    """The resolved config `resfl train <overrides>` would run with, as plain containers."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a.b.c": leaf} for nested dicts; lists are leaves."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+ABSENT = "<absent>"  # a key only one side has
+
+
+def settings_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """'key: saved -> now' for every leaf that differs, is missing on one side or was added."""
+    a, b = flatten(saved), flatten(now)
+    pairs = {k: (a[k] if k in a else ABSENT, b[k] if k in b else ABSENT) for k in sorted(a.keys() | b.keys())}
+    return [f"{k}: {was} -> {new}" for k, (was, new) in pairs.items() if was != new]
+
+
+# Where a run lives is no setting of it: a table folder may be moved and resumed from its new place.
+LOCATION_KEYS = ("run_dir",)
+
+
+def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
+    """The settings in which RUN/config.yaml differs from what `overrides` compose to now ([] when none, or when the
+    run saved no config to compare with)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return []
+    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    now = composed_settings(overrides)
+    saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
+    return settings_diff(saved, now)

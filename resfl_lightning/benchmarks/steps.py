@@ -1,0 +1,144 @@
+"""`resfl bench`, step part: step-time ratios of the composite losses and of DP-SGD, and the aggregation cost, each
+returned as a rich Table (the round and scale parts are round.py and scale.py; resfl_lightning/cli/bench.py runs all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+import torch
+from rich.table import Table
+
+import resfl_lightning.env  # noqa: F401
+from resfl_lightning.aggregation.streaming import StreamingWeightedSum
+from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.detection import DetectionClient
+from resfl_lightning.data.detection import detection_collate
+from resfl_lightning.data.synthetic import SyntheticSceneConfig, generate_scenes
+from resfl_lightning.federation.state import FlatLayout
+
+VARIANTS = {
+    "fedavg (task only)": LossWeights(lambda_priv=0.0, lambda_fair=0.0),
+    "resfl (task+adv+unc)": LossWeights(),
+    "resfl + curvfed (lambda_curv=0.1)": LossWeights(lambda_curv=0.1),
+}
+
+
+def synthetic_batch(image_size: int, batch: int) -> dict:
+    scenes = generate_scenes(SyntheticSceneConfig(image_size=image_size, grouping="mst3"), batch, seed=123)
+    ann = scenes.annotations
+    items = []
+    for i in range(batch):
+        rows = ann.rows_of(i)
+        items.append({"img": torch.from_numpy(scenes.load_image(i).transpose(2, 0, 1).copy()),
+                      "cls": torch.from_numpy(ann.cls[rows].astype("float32")).reshape(-1, 1),
+                      "bboxes": torch.from_numpy(ann.boxes[rows]), "groups": torch.from_numpy(ann.groups[rows]),
+                      "proxy": torch.from_numpy(ann.proxy[rows]), "image_id": i})
+    return detection_collate(items)
+
+
+def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01))
+    return timed_steps(client, client.configure_optimizers(), batch, steps)
+
+
+def timed_steps(client: DetectionClient, opt, batch: dict, steps: int) -> list[float]:
+    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps."""
+    times = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        loss = client.training_step(batch, i)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times[2:]
+
+
+def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str | None) -> list[float]:
+    """FedAvg-DP's detector step (GroupNorm model): dp None (no DP-SGD), "before" (opacus' DPOptimizer and the
+    image-by-image loss loop) or "client" (ClientDPOptimizer and the batched per-image loss the simulator uses)."""
+    from unittest import mock
+
+    from opacus.optimizers import DPOptimizer
+
+    from resfl_lightning.losses.per_image import per_image_loss_loop
+    from resfl_lightning.privacy.dp import ClientDP, DPSettings, prepare_model
+
+    torch.manual_seed(0)
+    client = DetectionClient(_spec(scale, image_size), 3, VARIANTS["fedavg (task only)"], UfmSettings(),
+                             OptimSettings(lr=0.01))
+    client.model = prepare_model(client.model)
+    client.criterion = type(client.criterion)(client.model)
+    if dp is not None:
+        client.dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0), client.model)
+        client.dp.q = 0.1  # the accountant's sample rate (its bookkeeping only)
+    client.train()
+    opt = client.configure_optimizers()
+    if dp is not None:
+        opt.noise_multiplier, opt.expected_batch_size = 1.0, len(batch["img"])
+        if dp == "before":
+            opt.__class__ = DPOptimizer  # same object and state; only scale_grad differs
+    with mock.patch("resfl_lightning.clients.detection.per_image_detection_loss", per_image_loss_loop) \
+            if dp == "before" else contextlib.nullcontext():
+        return timed_steps(client, opt, batch, steps)
+
+
+def _spec(scale: str, image_size: int):
+    from resfl_lightning.models.yolo import YoloSpec
+
+    return YoloSpec(num_classes=1, scale=scale, image_size=image_size)
+
+
+def aggregation_cost(scale: str, image_size: int, clients: int) -> tuple[int, float, float]:
+    """Streaming weighted sum over `clients` deltas: seconds per client and peak extra memory in |theta| units."""
+    model = DetectionClient(_spec(scale, image_size), 3, LossWeights(), UfmSettings(), OptimSettings())
+    layout = FlatLayout.of(model)
+    theta = layout.flatten(model)
+    t0 = time.perf_counter()
+    acc = StreamingWeightedSum(layout.numel)
+    for i in range(clients):
+        acc.add(-0.1 * i, theta * 1e-3 * (i + 1))  # stand-in delta, same size as a real one
+    elapsed = (time.perf_counter() - t0) / clients
+    peak_bytes = acc.acc.numel() * acc.acc.element_size()
+    return layout.numel, elapsed, peak_bytes / (layout.numel * 4)
+
+
+def step_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
+    """Median seconds per training step of each loss variant and its ratio to FedAvg's."""
+    table = Table(title=f"train step, YOLOv8-{scale} at {image_size}px, batch {len(batch['img'])}, 1 thread")
+    for col in ("variant", "median s/step", "ratio vs fedavg"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+    base = None
+    for name, weights in VARIANTS.items():
+        med = statistics.median(step_times(weights, scale, image_size, batch, steps))
+        base = base or med
+        table.add_row(name, f"{med:.3f}", f"{med / base:.2f}x")
+    return table
+
+
+def dp_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
+    """FedAvg-DP's step without DP-SGD, with the image-by-image loss and opacus' optimizer, and as simulated now."""
+    table = Table(title="DP-SGD step (FedAvg-DP: GroupNorm detector, per-example clipping and noise)")
+    for col in ("variant", "median s/step", "ratio vs no DP", "ratio vs before"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+    med = {dp: statistics.median(dp_step_times(scale, image_size, batch, steps, dp))
+           for dp in (None, "before", "client")}
+    for dp, name in ((None, "no DP-SGD"), ("before", "DP-SGD before: loss image by image, opacus optimizer"),
+                     ("client", "DP-SGD now: batched per-image loss, ClientDPOptimizer")):
+        table.add_row(name, f"{med[dp]:.3f}", f"{med[dp] / med[None]:.2f}x", f"{med[dp] / med['before']:.2f}x")
+    return table
+
+
+def aggregation_table(scale: str, image_size: int, clients: int) -> Table:
+    numel, per_client, mem_units = aggregation_cost(scale, image_size, clients)
+    table = Table(title=f"aggregation over {clients} clients (|theta| = {numel:,} floats)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("seconds per folded client delta", f"{per_client:.4f}")
+    table.add_row("accumulator size / |theta| (fp32)", f"{mem_units:.1f}x (independent of client count)")
+    table.add_row("throughput (client deltas folded per second)", f"{1 / per_client:,.0f}")
+    return table

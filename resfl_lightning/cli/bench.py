@@ -1,0 +1,96 @@
+"""`resfl bench`: the benchmarks (resfl_lightning/benchmarks/), measured in one run: step-time ratios of the composite
+losses and of DP-SGD, aggregation cost, a federated round of the train entry point against a plain loop, the
+DEVICES=2 speed-up and the time to the first local step (round part), and peak RSS for 4 / 100 / 1,000 virtual
+clients (scale part). --quick runs every part at a tiny size (a femto detector at 64 px, 1 round, 4 and 20 virtual
+clients on 2,000 rows): a smoke test of the machinery, not a measurement.
+
+One part alone:
+  resfl bench round [--quick] [--rounds 2]                       the round part
+  resfl bench scale [--rounds 3] [--fraction 0.1] [--counts ...]   the scale part
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def all_parts(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="resfl bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", default="n")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--scale-rounds", type=int, default=3, help="rounds per virtual-client run (0 skips that part)")
+    p.add_argument("--round-rounds", type=int, default=2,
+                   help="rounds of the entry-point runs (the last is measured; 0 skips the round part)")
+    p.add_argument("--quick", action="store_true", help="every part at a tiny size (a smoke test, not a measurement)")
+    args = p.parse_args(argv)
+    import torch
+
+    from resfl_lightning.benchmarks import round as bench_round
+    from resfl_lightning.benchmarks import scale as bench_scale
+    from resfl_lightning.benchmarks.steps import aggregation_table, dp_table, step_table, synthetic_batch
+
+    scale_counts, scale_rows = (4, 100, 1000), bench_scale.ROWS
+    if args.quick:
+        args.scale, args.image_size, args.batch, args.steps, args.clients = "femto", 64, 2, 2, 2
+        args.scale_rounds, args.round_rounds = min(args.scale_rounds, 1), min(args.round_rounds, 1)
+        scale_counts, scale_rows = (4, 20), 2000
+    torch.set_num_threads(1)
+    batch = synthetic_batch(args.image_size, args.batch)
+    console = _console()
+    console.print(step_table(args.scale, args.image_size, batch, args.steps))
+    console.print(dp_table(args.scale, args.image_size, batch, args.steps))
+    console.print(aggregation_table(args.scale, args.image_size, args.clients))
+    if args.round_rounds > 0:
+        console.print(bench_round.table(bench_round.measure(quick=args.quick, rounds=args.round_rounds)))
+    if args.scale_rounds > 0:
+        console.print(bench_scale.table(bench_scale.measure(scale_counts, fraction=0.1, rounds=args.scale_rounds,
+                                                            rows=scale_rows)))
+    return 0
+
+
+def round_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks import round as bench_round
+
+    p = argparse.ArgumentParser(prog="resfl bench round", description=bench_round.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a femto detector on 64 px scenes (a smoke test)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds per run; the last one is measured")
+    args = p.parse_args(argv)
+    _console().print(bench_round.table(bench_round.measure(quick=args.quick, rounds=args.rounds)))
+    return 0
+
+
+def scale_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks import scale as bench_scale
+
+    p = argparse.ArgumentParser(prog="resfl bench scale", description=bench_scale.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=bench_scale.ROWS, help="rows of the Adult-shaped table")
+    p.add_argument("--counts", type=int, nargs="+", default=[4, 100, 1000], help="numbers of virtual clients")
+    args = p.parse_args(argv)
+    _console().print(bench_scale.table(bench_scale.measure(tuple(args.counts), fraction=args.fraction,
+                                                           rounds=args.rounds, rows=args.rows)))
+    return 0
+
+
+PARTS = {"round": round_part, "scale": scale_part}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = [] if argv is None else list(argv)
+    if argv and argv[0] in PARTS:
+        return PARTS[argv[0]](argv[1:])
+    return all_parts(argv)
+

@@ -1,0 +1,58 @@
+"""`resfl train`: one federated run, a Hydra app (compose config -> validate -> build objects -> Federation.fit).
+
+    resfl train dataset=synthetic algorithm=resfl fabric.devices=2      (also: python -m resfl_lightning.train ...)
+    resfl train --help | --cfg job | -m algorithm.beta=0,2
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb imports)
+from resfl_lightning.cli.hydra_help import register as _register_help
+from resfl_lightning.resources import conf_dir
+
+CONF_DIR = str(conf_dir())  # resfl_lightning/conf when installed, conf/ in a checkout
+_register_help(Path(CONF_DIR))  # `--help` lists the config groups and options
+
+# The process's own command line: Hydra parses only the overrides, but Fabric's ddp launcher re-runs this command
+# line for the other ranks, so it must still read `resfl train ...` when the app starts.
+_COMMAND_LINE: list[str] = []
+
+
+def run(cfg: DictConfig):
+    """Build everything from a composed config and train; returns the final ServerState (rank-local)."""
+    from resfl_lightning.builders import build_run
+
+    job = build_run(cfg)
+    return job.fit()
+
+
+@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+def app(cfg: DictConfig) -> None:
+    from resfl_lightning.config import ConfigError
+
+    if _COMMAND_LINE:
+        sys.argv = list(_COMMAND_LINE)
+    try:
+        run(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the Hydra app on `argv` (default: the process's arguments); Hydra's flags (--help, --cfg, -m) work."""
+    command_line = list(sys.argv)
+    args = command_line[1:] if argv is None else list(argv)
+    _COMMAND_LINE[:] = command_line
+    sys.argv = [command_line[0], *args]  # Hydra parses sys.argv[1:]
+    try:
+        app()
+    finally:
+        sys.argv = command_line
+        _COMMAND_LINE.clear()

@@ -1,0 +1,7 @@
+"""The typed config: schema (schema.py, sections.py; fields.py for how a key is declared), cross-key rules
+(rules.py) and the one entry, `load_config` (load.py). Only the error type lives here, so that any module can raise it
+without importing the schema."""
+
+from resfl_lightning.config.errors import ConfigError
+
+__all__ = ["ConfigError"]

@@ -1,0 +1,308 @@
+"""`make table`: intervals over seeds (scipy's bootstrap, pairing by seed) and the runner end to end on Adult."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resfl_lightning.metrics.intervals import bootstrap_interval, paired_difference, t_interval
+
+
+def test_interval_mean_std_and_bounds():
+    x = [0.81, 0.84, 0.79, 0.86, 0.83]
+    iv = bootstrap_interval(x)
+    assert iv.mean == pytest.approx(np.mean(x)) and iv.std == pytest.approx(np.std(x, ddof=1))
+    assert min(x) <= iv.low <= iv.mean <= iv.high <= max(x)
+    assert iv.n == 5 and iv.excludes_zero  # all values far above 0
+
+
+def test_constant_and_single_values():
+    iv = bootstrap_interval([0.5, 0.5, 0.5])
+    assert (iv.low, iv.high, iv.std) == (0.5, 0.5, 0.0)
+    one = bootstrap_interval([0.7])
+    assert one.mean == 0.7 and math.isnan(one.low) and not one.excludes_zero
+    assert bootstrap_interval([None, float("nan")]).n == 0
+
+
+def test_pairing_by_seed_detects_a_consistent_small_gain_that_unpaired_means_hide():
+    base = {0: 0.60, 1: 0.75, 2: 0.90, 3: 0.70, 4: 0.82}
+    method = {s: v + 0.01 + 0.002 * (s % 2) for s, v in base.items()}
+    paired = paired_difference(method, base)
+    assert paired.excludes_zero and paired.low > 0
+    # the same numbers unpaired: the seed-to-seed spread swamps the 0.01 gain
+    unpaired_low = bootstrap_interval(list(method.values())).low - bootstrap_interval(list(base.values())).high
+    assert unpaired_low < 0
+    assert paired_difference({0: 1.0, 9: 2.0}, {0: 0.5}).n == 1  # only seeds both have
+
+
+def test_paired_difference_is_the_student_t_interval():
+    d = [0.299, -0.113, -0.117]
+    half = 4.302652729911275 * np.std(d, ddof=1) / math.sqrt(3)  # t_{0.975, 2}, from tables
+    iv = paired_difference({s: 1.0 + x for s, x in enumerate(d)}, {0: 1.0, 1: 1.0, 2: 1.0})
+    assert iv.low == pytest.approx(np.mean(d) - half) and iv.high == pytest.approx(np.mean(d) + half)
+    assert iv.n == 3 and not iv.excludes_zero
+
+
+def test_three_same_sign_differences_are_not_a_difference_by_themselves():
+    # FairFed's Fairness Score on the group-skew table: the percentile bootstrap of 3 values never leaves their
+    # range, so it excluded 0; the t-interval with 2 degrees of freedom does not.
+    d = [-0.003, -0.007, -0.066]
+    assert bootstrap_interval(d).excludes_zero
+    diff = paired_difference(dict(enumerate(d)), {0: 0.0, 1: 0.0, 2: 0.0})
+    assert diff.low < 0 < diff.high and not diff.excludes_zero
+    # the same differences over 5 seeds of a tight, consistent shift do exclude 0
+    assert t_interval([-0.010, -0.012, -0.011, -0.009, -0.013]).high < 0
+
+
+def test_constant_and_missing_differences():
+    same = paired_difference({0: 0.4, 1: 0.5, 2: 0.6}, {0: 0.5, 1: 0.6, 2: 0.7})
+    assert (same.low, same.high, same.std) == pytest.approx((-0.1, -0.1, 0.0)) and same.excludes_zero
+    zero = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
+    assert (zero.low, zero.high) == (0.0, 0.0) and not zero.excludes_zero
+    assert not paired_difference({0: 1.0}, {0: 0.5}).excludes_zero
+
+
+def test_table_md_lists_each_paired_difference_with_its_interval():
+    from resfl_lightning.analysis.columns import load_columns
+    from resfl_lightning.analysis.table import difference_lines, summarise
+
+    columns = load_columns()
+    base = {s: {c.key: 0.5 + 0.1 * s for c in columns} for s in range(3)}
+    shifted = {s: {k: v - 0.05 for k, v in row.items()} for s, row in base.items()}
+    noisy = {s: {k: v + (0.2, -0.1, -0.05)[s] for k, v in row.items()} for s, row in base.items()}
+    lines = difference_lines(summarise({"fedavg": base, "shifted": shifted, "noisy": noisy}, columns), columns)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert "fedavg" not in rows and "**-0.050 [-0.050, -0.050]**" in rows["shifted"]
+    assert "+0.017 [" in rows["noisy"] and "**" not in rows["noisy"]
+
+
+@pytest.mark.slow
+def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_path: Path):
+    from resfl_lightning.cli.table import main
+
+    out = tmp_path / "table"
+    args = ["--dataset", "adult", "--methods", "resfl", "--seeds", "2", "--out", str(out),
+            f"dataset.root={adult_dir}", "federation.rounds=2"]
+    results = tmp_path / "docs" / "results" / "adult_iid.md"
+    assert main([*args[:-2], "--results", str(results), *args[-2:]]) == 0
+    text = results.read_text()
+    assert text.startswith("# adult, scenario iid: 2 methods x 2 seeds") and "- command: `resfl table --dataset" in text
+    assert text.endswith((out / "table.md").read_text().split("\n", 1)[1].lstrip("\n"))
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    by = {(r["method"], r["metric"]): r for r in rows}
+    assert {r["method"] for r in rows} == {"fedavg", "resfl"}
+    assert by[("fedavg", "utility")]["n_seeds"] == "2"
+    assert 0.5 < float(by[("resfl", "utility")]["mean"]) <= 1.0
+    assert by[("resfl", "privacy_score")]["mean"] not in ("", "nan")
+    assert by[("fedavg", "utility")]["diff_vs_fedavg"] == ""  # no difference of the baseline to itself
+    assert (out / "pareto.png").stat().st_size > 10_000 and "| resfl |" in (out / "table.md").read_text()
+    mechanism = (out / "table.md").read_text().split("What UFM weighting had to act on")[1]
+    assert mechanism.count("| resfl |") == 1 and mechanism.count("| fedavg |") == 1  # one mechanism row a method
+    before = (out / "resfl-s1" / "table_wall_s.json").read_text()
+    assert main(args) == 0  # resumable: finished runs are not trained again (their saved configs match)
+    assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
+    # other settings for the same folder: refused, naming the runs and the setting, nothing retrained or mixed in
+    with pytest.raises(SystemExit, match=r"4 finished runs[\s\S]*resfl-s1: federation.rounds: 2 -> 3"):
+        main([*args[:-1], "federation.rounds=3"])
+    assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
+
+
+def test_settings_diff_names_every_changed_added_and_missing_leaf():
+    from resfl_lightning.analysis.run_settings import settings_diff
+
+    saved = {"dataset": {"num_images": 960, "val_fraction": 0.3, "dim_range": [0.1, 0.3]}, "seed": 0}
+    now = {"dataset": {"num_images": 2824, "val_fraction": 0.3, "dim_range": [0.1, 0.4], "new": 1}, "seed": 0}
+    assert settings_diff(saved, now) == ["dataset.dim_range: [0.1, 0.3] -> [0.1, 0.4]", "dataset.new: <absent> -> 1",
+                                         "dataset.num_images: 960 -> 2824"]
+    assert settings_diff(saved, saved) == []
+
+
+def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monkeypatch):
+    import sys
+
+    from resfl_lightning.analysis import table
+    from resfl_lightning.cli.table import main
+
+    def fake_command(dataset, scenario, method, seed, run_dir, attack, overrides):
+        code = 3 if (method, seed) == ("resfl", 0) else 0
+        return [sys.executable, "-c", f"import sys; sys.exit({code})"]
+
+    monkeypatch.setattr(table, "train_command", fake_command)
+    out = tmp_path / "t"
+    with pytest.raises(SystemExit, match=r"1 of 4 runs failed[\s\S]*resfl-s0"):
+        main(["--dataset", "adult", "--methods", "resfl", "--seeds", "2", "--jobs", "2", "--out", str(out)])
+    finished = sorted(p.parent.name for p in out.glob("*/table_wall_s.json"))
+    assert finished == ["fedavg-s0", "fedavg-s1", "resfl-s1"]  # every other run went on and finished
+
+
+def test_default_out_keeps_dataset_variants_apart():
+    from resfl_lightning.analysis.table import default_out
+
+    race = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=race"])
+    sex = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=sex", "seed=1"])
+    assert race.name == "table-adult-iid-race" and sex.name == "table-adult-iid-sex"
+    assert default_out("synthetic", "group_skew", []).name == "table-synthetic-group_skew"
+
+
+def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: Path):
+    from resfl_lightning.analysis.table import algorithm_presets, train_command
+    from resfl_lightning.attacks.registry import read_attacks, selected
+    from resfl_lightning.config.load import load_config
+    from tests.helpers import compose_config
+
+    for attack, enabled in (("privacy", ["mia", "aia", "eod"]), ("byzantine", ["byzantine", "eod"])):
+        cmd = train_command("synthetic", "group_skew", "resfl_af_cluster", 2, tmp_path / "r", attack, ["seed=7"])
+        overrides = cmd[cmd.index("resfl_lightning.train") + 1:]
+        cfg = compose_config(*overrides)
+        load_config(cfg)
+        assert [a.name for a in selected(*read_attacks(cfg.attack))] == enabled
+        assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
+        assert cfg.seed == 7  # the user's overrides come last and win
+        # the synthetic table's size preset applies to every method; the scenario's partition survives it
+        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.805
+    adult = train_command("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
+    assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
+    # every conf/algorithm/ preset is a row, in the order the presets fix (fedavg, the baseline, first)
+    assert algorithm_presets() == ["fedavg", "resfl", "resfl_af_cluster", "resfl_af_slices", "fairfed", "fedavg_dp",
+                                   "puffle", "pfu_fl", "privfairfl_pre", "privfairfl_post", "curvfed", "fedsam",
+                                   "fedswa"]
+
+
+@pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])
+def test_synthetic_table_preset_grows_validation_only(scenario):
+    """520 validation images a client; training shards, test split and reserve as with the earlier 54-image preset
+    (num_images 960, test 0.2, reserve 0.05, val 0.3), so only UFM's precision changes between the two."""
+    from resfl_lightning.data.partition import make_federated_splits
+    from tests.helpers import compose_config
+
+    d = compose_config("experiment=table_synthetic", f"scenario={scenario}").dataset
+    sizes = {}
+    for name, (n, test, reserve, val) in {"now": (d.num_images, d.test_fraction, d.reserve_fraction, d.val_fraction),
+                                          "54": (960, 0.2, 0.05, 0.3)}.items():
+        groups = np.random.default_rng(0).choice(3, size=n, p=[0.55, 0.3, 0.15])  # the generator's rough mix
+        s = make_federated_splits(groups, d.num_clients, test, reserve, val, d.partition, d.dirichlet_alpha, seed=0)
+        sizes[name] = (len(s.test), len(s.reserve), [len(c.train) for c in s.clients], [len(c.val) for c in s.clients])
+    assert sizes["now"][:3] == sizes["54"][:3] == (192, 48, [126] * 4)
+    assert sizes["now"][3] == [520] * 4 and sizes["54"][3] == [54] * 4
+
+
+def test_pareto_labels_never_pile_up():
+    from resfl_lightning.evaluation.pareto import LABEL_SPOTS, place_labels
+
+    # four methods on one spot: the four sides around it, then nothing (the legend names the fifth)
+    spots = place_labels([(0.5, 0.5)] * 5, ["abcdef"] * 5)
+    assert spots[:4] == [0, 1, 2, 3] and spots[4] is None and len(LABEL_SPOTS) == 4
+    # far apart: every label in its first choice
+    assert place_labels([(0.1, 0.1), (0.8, 0.8)], ["a", "b"]) == [0, 0]
+    # a long name reaches a neighbour to its right, a short one does not
+    assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x" * 30, "y"])[1] != 0
+    assert place_labels([(0.1, 0.5), (0.3, 0.5)], ["x", "y"]) == [0, 0]
+
+
+def test_pareto_legend_names_methods_of_either_panel_once():
+    """A method with no Fairness Score appears only in the privacy panel; the legend still names it, once."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from resfl_lightning.evaluation.pareto import legend_entries
+
+    fig, axes = plt.subplots(1, 2)
+    axes[0].errorbar([0.1], [0.5], fmt="o", label="fedavg")
+    axes[1].errorbar([0.4], [0.5], fmt="o", label="fedavg")
+    axes[1].errorbar([0.4], [0.0], fmt="s", label="pfu_fl")
+    handles, labels = legend_entries(axes)
+    plt.close(fig)
+    assert labels == ["fedavg", "pfu_fl"] and len(handles) == 2
+
+
+# --- methods and columns come from the config folder ---------------------------------------------------------------
+def _write_run(run_dir: Path, summary: dict, wall_s: float) -> None:
+    import json
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": wall_s}))
+
+
+def test_columns_from_config_give_each_cell_of_a_seed(tmp_path: Path):
+    """Every column of conf/table/columns.yaml on hand-made runs: summary keys, utility (mAP, else accuracy), Privacy
+    Score, FATE against the FedAvg run of the same seed, BA AD against the Byzantine run, wall time."""
+    from resfl_lightning.analysis.columns import load_columns
+    from resfl_lightning.analysis.table import seed_metrics
+
+    _write_run(tmp_path / "fedavg-s0", {"test/accuracy": 0.80, "test/eo_gap": 0.20, "test/eod": 0.1}, 10.0)
+    _write_run(tmp_path / "resfl-s0", {"test/accuracy": 0.84, "test/eo_gap": 0.10, "test/eod": 0.05,
+                                       "attack/mia_success_rate": 0.6, "attack/aia_balanced_accuracy": 0.4,
+                                       "score/fairness": float("nan")}, 12.5)
+    _write_run(tmp_path / "resfl-s0-byzantine", {"test/accuracy": 0.42}, 11.0)
+    columns = load_columns()
+    row = seed_metrics(tmp_path, "resfl", 0, columns, ["privacy", "byzantine"])
+    assert list(row) == [c.key for c in columns]
+    assert row["utility"] == 0.84 and row["test/eod"] == 0.05 and row["score/fairness"] is None  # NaN: no value
+    assert row["privacy_score"] == pytest.approx(0.5) and row["wall_s"] == 12.5
+    assert row["fate"] == pytest.approx(0.04 / 0.80 + 0.10 / 0.20)
+    assert row["ba_ad"] == pytest.approx(0.5) and row["dpa_eodd"] is None  # no poisoning run: no value
+    assert seed_metrics(tmp_path, "resfl", 0, columns, ["privacy"])["ba_ad"] is None  # without --robustness
+
+
+def test_a_column_is_one_yaml_entry_and_a_bad_one_names_its_place(tmp_path: Path):
+    from resfl_lightning.analysis.columns import Column, PrivacyScore, load_columns
+
+    path = tmp_path / "columns.yaml"
+    path.write_text("columns:\n  - {header: acc, key: test/accuracy, lower_is_better: false}\n"
+                    "  - {_target_: resfl_lightning.analysis.columns.PrivacyScore, header: PS, key: ps,"
+                    " lower_is_better: true}\n")
+    plain, derived = load_columns(path)
+    assert type(plain) is Column and plain.key == "test/accuracy" and not plain.lower_is_better
+    assert isinstance(derived, PrivacyScore) and derived.paired and derived.decimals == 3
+    path.write_text("columns:\n  - {header: acc, key: test/accuracy, lower_is_better: false}\n"
+                    "  - {_target_: resfl_lightning.analysis.columns.NoSuchColumn, header: x, key: x,"
+                    " lower_is_better: true}\n")
+    with pytest.raises(ValueError, match=r"columns\.yaml: columns\[1\]: .*NoSuchColumn"):
+        load_columns(path)
+    path.write_text("columns:\n  - {header: a, key: k, lower_is_better: false}\n"
+                    "  - {header: b, key: k, lower_is_better: true}\n")
+    with pytest.raises(ValueError, match="a key appears twice"):
+        load_columns(path)
+
+
+def test_every_algorithm_preset_is_a_row_placed_by_its_own_file(tmp_path: Path, monkeypatch):
+    from resfl_lightning.analysis import table
+
+    algo = tmp_path / "algorithm"
+    algo.mkdir()
+    (algo / "fedavg.yaml").write_text("name: fedavg\ntable_order: 0\n")
+    (algo / "zeta.yaml").write_text("defaults: [fedavg, _self_]\nname: zeta\ntable_order: 1\n")
+    (algo / "alpha.yaml").write_text("defaults: [fedavg, _self_]\nname: alpha\ntable_order: 2\n")
+    monkeypatch.setattr(table, "conf_dir", lambda: tmp_path)
+    assert table.algorithm_presets() == ["fedavg", "zeta", "alpha"]  # the files' order, not the alphabet
+    (algo / "mine.yaml").write_text("defaults: [fedavg, _self_]\nname: mine\n")  # inherits, sets none itself
+    with pytest.raises(table.TableError, match=r"mine\.yaml: table_order: .*got None"):
+        table.algorithm_presets()
+    (algo / "mine.yaml").write_text("name: mine\ntable_order: 2\n")
+    with pytest.raises(table.TableError, match=r"share a row position: \{2: \['alpha', 'mine'\]\}"):
+        table.algorithm_presets()
+
+
+def test_results_file_carries_its_provenance(tmp_path: Path):
+    import os
+
+    from resfl_lightning.analysis.provenance import write_results
+
+    path = write_results(tmp_path / "docs" / "results" / "adult_iid.md", "# adult, scenario iid\n\n| method |\n",
+                         "resfl table --dataset adult", wall_s=125.4, runs_wall_s=300.0)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "# adult, scenario iid" and lines[-1] == "| method |"
+    assert "- command: `resfl table --dataset adult`" in lines
+    assert "- wall time: 125 s (the runs' own wall times sum to 300 s)" in lines
+    commit = next(line for line in lines if line.startswith("- commit: "))
+    assert len(commit.split()[2]) == 40  # a git hash (the tests run from the checkout)
+    machine = next(line for line in lines if line.startswith("- machine: "))
+    assert f"{os.cpu_count()} CPUs" in machine
+    assert any(line.startswith("- date: 20") for line in lines)
