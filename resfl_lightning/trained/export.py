@@ -11,21 +11,11 @@ def export_run(run_dir: Path, out: Path | None = None, weights: str = "auto", da
                overrides: Sequence[str] = ()) -> Path:
     """Write the run's global model (`weights`: auto | final | swa, models/export.py::choose_weights) as an
     ultralytics checkpoint to `out` (default RUN/export/global.pt); returns the path."""
-    from resfl_lightning.config.load import load_config
-    from resfl_lightning.data.federated import instantiate_dataset
     from resfl_lightning.models.export import class_names, export_global_model
-    from resfl_lightning.trained.load import load_run_config, load_run_model
+    from resfl_lightning.trained.load import load_detection_run, load_run_model
 
     run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoints" / "last.pt"
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"no global model at {ckpt}; train first (resfl train ...)")
-    cfg = load_run_config(run_dir, dataset, overrides)
-    cfg = load_config(cfg)
-    if cfg.dataset.task != "detection":
-        raise ValueError(f"dataset {cfg.dataset.name!r} is a {cfg.dataset.task} task; the export writes an "
-                         "ultralytics detector")
-    instantiate_dataset(cfg.dataset).preflight()
+    ckpt, cfg = load_detection_run(run_dir, dataset, overrides, "the export writes an ultralytics detector")
     data, client, layout, state = load_run_model(cfg, ckpt)
     path = Path(out) if out is not None else run_dir / "export" / "global.pt"
     return export_global_model(client, layout, state, path, class_names(data), weights)

@@ -46,7 +46,7 @@ from resfl_lightning.evaluation.weather import (
     write_weather_json,
 )
 from resfl_lightning.federation.local import train_epoch
-from resfl_lightning.trained.load import load_run_config, load_run_model
+from resfl_lightning.trained.load import load_detection_run, load_run_model
 
 CLEAR = condition_index("clear", 0)
 
@@ -153,21 +153,11 @@ def _jsonable(v):
 def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None = None, dataset: str | None = None,
                  overrides: Sequence[str] = ()) -> dict:
     """The whole protocol (module docstring); returns the summary written to OUT/summary.json."""
-    from resfl_lightning.config.load import load_config
-    from resfl_lightning.data.federated import instantiate_dataset
     from resfl_lightning.federation.checkpoint import ServerState, save_checkpoint
 
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "finetune"
-    ckpt = run_dir / "checkpoints" / "last.pt"
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"no global model at {ckpt}; train first (resfl train ...)")
-    cfg = load_run_config(run_dir, dataset, overrides)
-    cfg = load_config(cfg)
-    if cfg.dataset.task != "detection":
-        raise ValueError(f"dataset {cfg.dataset.name!r} is a {cfg.dataset.task} task; the weather protocol needs "
-                         "image detection")
-    instantiate_dataset(cfg.dataset).preflight()
+    ckpt, cfg = load_detection_run(run_dir, dataset, overrides, "the weather protocol needs image detection")
     fabric = L.Fabric(accelerator=cfg.fabric.accelerator, devices=1, num_nodes=1, strategy="auto",
                       precision=cfg.fabric.precision)
     fabric.launch()

@@ -39,6 +39,22 @@ def load_run_config(run_dir: Path, dataset: str | None = None, overrides: Sequen
         raise ValueError(f"override {err.full_key}: the run's config {path} has no such key") from None
 
 
+def load_detection_run(run_dir: Path, dataset: str | None, overrides: Sequence[str], purpose: str
+                       ) -> tuple[Path, DictConfig]:
+    """(global model checkpoint, validated config) of a finished detection run whose data is present; `purpose` says
+    in the error why a classification run does not fit."""
+    from resfl_lightning.config.load import load_config
+    from resfl_lightning.data.federated import instantiate_dataset
+
+    ckpt = Path(run_dir) / "checkpoints" / "last.pt"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"no global model at {ckpt}; train first (resfl train ...)")
+    cfg = load_config(load_run_config(run_dir, dataset, overrides))
+    if cfg.dataset.task != "detection":
+        raise ValueError(f"dataset {cfg.dataset.name!r} is a {cfg.dataset.task} task; {purpose}")
+    instantiate_dataset(cfg.dataset).preflight()
+    return ckpt, cfg
+
 
 def load_run_model(cfg: DictConfig, checkpoint: Path, fabric: Any = None) -> tuple[Any, Any, Any, Any]:
     """(data, client, layout, state): the run's splits (same seed), a fresh client of `cfg` holding the checkpoint's
