@@ -63,6 +63,10 @@ class GatherAllRule(AggregationRule):
         """Logged per-client weight: one equal vote each (a rule that weighs clients overrides this)."""
         return {r.client_id: 1.0 / len(reports) for r in reports}
 
+    def check_clients(self, num_clients: int) -> None:
+        """Raise ValueError when the rule cannot aggregate this many updates (checked before the first round for the
+        sampled count; a round left with fewer usable updates is skipped)."""
+
     def check_memory(self, num_clients: int, numel: int, budget_mb: float) -> None:
         """Stop before the first round when num_clients stacked float32 updates exceed the budget."""
         need_mb = num_clients * numel * 4 / 2**20

@@ -275,9 +275,10 @@ class Federation:
         client = fabric.to_device(client)
         client.fabric = fabric  # lets the un-wrapped module log through Fabric
         layout = FlatLayout.of(client)
-        if self.aggregator.gathers_all:  # fail before any training when the stacked updates cannot fit
-            self.aggregator.check_memory(sample_size(s.clients_per_round, self.data.num_clients), layout.numel,
-                                         s.gather_memory_mb)
+        if self.aggregator.gathers_all:  # fail before any training when the stacked updates cannot fit or count
+            sampled = sample_size(s.clients_per_round, self.data.num_clients)
+            self.aggregator.check_memory(sampled, layout.numel, s.gather_memory_mb)
+            self.aggregator.check_clients(sampled)
         state = self.initial_state(client, layout)
         state.logger_run_id = state.logger_run_id or self.logger_run_id
         fabric.call("on_fit_start", federation=self, model=client, layout=layout, state=state)
@@ -324,7 +325,8 @@ class Federation:
         if skip is None and not gather_all and not any(part[3] > 0 for part in gathered):
             skip = "every usable client update has aggregation weight 0"
         if skip is None:  # every rank takes the same branch: all of them saw the same gathered reports
-            mean_delta = self._aggregate(acc, gathered, reports)
+            mean_delta, skip = self._aggregate(acc, gathered, reports)
+        if skip is None:
             theta = (state.theta.to(torch.float64) + s.server_lr * mean_delta).to(torch.float32)
             if not torch.isfinite(theta).all():
                 theta, skip = state.theta, "the aggregated model has non-finite values"
@@ -365,15 +367,21 @@ class Federation:
         self._stop_after_too_many_skipped(state, round_idx, skip)
         return state
 
-    def _aggregate(self, acc: StreamingWeightedSum, gathered: list, reports: list[ClientReport]) -> torch.Tensor:
-        """The round's aggregate update (float64): the all-reduced streaming sum, or the gather-all rule applied to
-        every rank's updates stacked in client-id order (the same stack on every rank and world size)."""
+    def _aggregate(self, acc: StreamingWeightedSum, gathered: list,
+                   reports: list[ClientReport]) -> tuple[torch.Tensor | None, str | None]:
+        """(the round's aggregate update in float64, None), or (None, why the round is skipped): the all-reduced
+        streaming sum, or the gather-all rule applied to every rank's updates stacked in client-id order (the same
+        stack on every rank and world size, so every rank takes the same branch)."""
         if not self.aggregator.gathers_all:
             gmax, gnorm = combine_normalisers([(part[2], part[3]) for part in gathered])
-            return self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm))
+            return self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm)), None
+        try:
+            self.aggregator.check_clients(len(reports))
+        except ValueError as err:  # e.g. dropped clients left Krum fewer than 2f + 3 updates
+            return None, str(err)
         updates = dict(u for part in gathered for u in part[4])
         stacked = torch.stack([updates[r.client_id].to(acc.acc.device) for r in reports])
-        return self.aggregator.aggregate(stacked, reports).to(torch.float64)
+        return self.aggregator.aggregate(stacked, reports).to(torch.float64), None
 
     @staticmethod
     def _count_skipped(state: ServerState, skipped: bool) -> ServerState:

@@ -179,3 +179,65 @@ def test_gather_all_budget_stops_the_run_before_training(tmp_path):
     with pytest.raises(GatherMemoryError, match="3 clients"):
         run_federation(tmp_path, num_clients=3, aggregator=CoordinateMedian(), gather_memory_mb=1e-6)
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.parametrize(("n", "beta"), [(5, 0.0), (5, 0.2), (7, 0.3), (10, 0.25), (4, 0.49)])
+def test_trimmed_mean_matches_scipy(n, beta):
+    from scipy.stats import trim_mean
+
+    from resfl_lightning.aggregation.trimmed_mean import TrimmedMean
+
+    deltas = torch.randn(n, 40, generator=torch.Generator().manual_seed(n))
+    got = TrimmedMean(beta=beta).aggregate(deltas, [report(i) for i in range(n)])
+    expected = trim_mean(deltas.double().numpy(), beta, axis=0)  # cuts floor(beta n) at each end, as specified
+    torch.testing.assert_close(got, torch.from_numpy(expected), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="aggregation.beta"):
+        TrimmedMean(beta=0.5)
+
+
+def test_krum_picks_the_hand_computed_client_and_multi_krum_averages_the_best():
+    from resfl_lightning.aggregation.krum import Krum, krum_scores
+
+    # 1-d updates 0, 1, 2, 3 and an outlier 100; f = 1: each client sums its n - f - 2 = 2 nearest squared distances.
+    deltas = torch.tensor([[0.0], [1.0], [2.0], [3.0], [100.0]])
+    expected_scores = [1 + 4, 1 + 1, 1 + 1, 1 + 4, 97**2 + 98**2]
+    torch.testing.assert_close(krum_scores(deltas, f=1), torch.tensor(expected_scores, dtype=torch.float64))
+    reports = [report(i) for i in range(5)]
+    torch.testing.assert_close(Krum(f=1, m=1).aggregate(deltas, reports), torch.tensor([1.0], dtype=torch.float64))
+    # Multi-Krum, m = n - f = 4: the four honest updates (scores 5, 2, 2, 5), the outlier left out.
+    torch.testing.assert_close(Krum(f=1, m=None).aggregate(deltas, reports), torch.tensor([1.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"2f \+ 3 = 5"):
+        Krum(f=1).aggregate(deltas[:4], reports[:4])
+
+
+def test_the_new_rules_build_from_their_yaml():
+    from resfl_lightning.aggregation.krum import Krum
+    from resfl_lightning.aggregation.trimmed_mean import TrimmedMean
+    from tests.helpers import compose_config
+
+    assert type(build_aggregation(compose_config("aggregation=trimmed_mean").aggregation, False)) is TrimmedMean
+    multi = build_aggregation(compose_config("aggregation=multi_krum").aggregation, False)
+    assert isinstance(multi, Krum) and multi.m is None and multi.f == 1
+    with pytest.raises(ConfigError, match=r"aggregation\.f"):
+        build_aggregation(compose_config("aggregation=krum", "aggregation.f=one").aggregation, False)
+
+
+def test_krum_stops_before_training_when_too_few_clients_are_sampled(tmp_path):
+    from resfl_lightning.aggregation.krum import Krum
+    from tests.federation_helpers import run_federation
+
+    with pytest.raises(ValueError, match=r"2f \+ 3 = 5 updates a round, got 3"):
+        run_federation(tmp_path, num_clients=3, aggregator=Krum(f=1))
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_a_round_left_with_too_few_updates_for_krum_is_skipped_not_fatal(tmp_path):
+    from resfl_lightning.aggregation.krum import Krum
+    from tests.federation_helpers import run_federation
+
+    _, state, rec = run_federation(tmp_path, num_clients=5, rounds=2, aggregator=Krum(f=1),
+                                   fail_clients=("0:0:raise",))
+    assert rec.metrics[0]["round/skipped"] == 1.0 and rec.metrics[0]["round/aggregated"] == 4.0
+    torch.testing.assert_close(rec.thetas[0], rec.initial, rtol=0, atol=0)  # round 0: theta_G unchanged
+    assert rec.metrics[1]["round/skipped"] == 0.0 and not torch.equal(rec.thetas[1], rec.thetas[0])
+    assert state.round_idx == 1
