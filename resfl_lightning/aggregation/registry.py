@@ -7,10 +7,10 @@ from dataclasses import is_dataclass
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from resfl_lightning.aggregation.base import AggregationRule
 from resfl_lightning.config import ConfigError
+from resfl_lightning.config.fields import checked_dataclass
 
 
 def _rule_class(target) -> type:
@@ -24,26 +24,20 @@ def _rule_class(target) -> type:
     return cls
 
 
-def _check_types(cls: type, node) -> None:
-    """A dataclass rule's parameters against its fields: an unknown or mistyped key is named."""
-    params = {k: v for k, v in (OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig)
-                                else dict(node)).items() if k != "_target_"}
-    try:
-        OmegaConf.merge(OmegaConf.structured(cls), params)
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"aggregation.{err.full_key}: {str(err.msg).splitlines()[0]}") from None
-
-
 def build_aggregation(node, report_fim: bool) -> AggregationRule:
     """The rule of the `aggregation` config node; a bad target or parameter is a ConfigError naming the key."""
     if node is None or "_target_" not in node:
         raise ConfigError("aggregation: no rule configured; choose one with aggregation=<rule> (conf/aggregation/)")
     cls = _rule_class(node["_target_"])
-    if is_dataclass(cls):
-        _check_types(cls, node)
     try:
-        rule = instantiate(node)
-    except InstantiationException as err:
+        if is_dataclass(cls):  # typed like any plug-in's keys: an unknown or mistyped parameter is named
+            params = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+            rule = checked_dataclass(cls, {k: v for k, v in params.items() if k != "_target_"}, "aggregation")
+        else:
+            rule = instantiate(node)
+    except ConfigError:
+        raise
+    except (InstantiationException, ValueError) as err:  # the rule's own check of its parameters
         raise ConfigError(f"aggregation ({node['_target_']}): {err.__cause__ or err}") from err
     if rule.needs_fim and not report_fim:
         raise ConfigError(f"algorithm.report_fim: aggregation {rule.name} weighs clients by their Fisher eigenvalue; "

@@ -15,10 +15,10 @@ from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from resfl_lightning.attacks.base import Attack, AttackRun
 from resfl_lightning.config import ConfigError
+from resfl_lightning.config.fields import checked_dataclass
 
 
 @dataclass
@@ -38,14 +38,6 @@ class ConfiguredAttack:
     name: str  # its key under `attack`
     attack: type[Attack]
     settings: Any  # an instance of attack.Settings
-
-
-def checked(cls: type, values: Mapping[str, Any], path: str) -> Any:
-    """cls(**values) for a dataclass, type-checked against its fields; errors name `path`.<key>."""
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{path}.{err.full_key}: {str(err.msg).splitlines()[0]}") from None
 
 
 def _attack_class(target: Any, path: str) -> type[Attack]:
@@ -70,14 +62,14 @@ def read_attacks(node: Any) -> tuple[AttackOptions, list[ConfiguredAttack]]:
         if isinstance(value, Mapping) and "_target_" in value:
             path = f"attack.{name}"
             cls = _attack_class(value["_target_"], path)
-            settings = checked(cls.Settings, {k: v for k, v in value.items() if k != "_target_"}, path)
+            settings = checked_dataclass(cls.Settings, {k: v for k, v in value.items() if k != "_target_"}, path)
             attacks.append(ConfiguredAttack(name, cls, settings))
         elif name in {f.name for f in fields(AttackOptions)}:
             options[name] = value
         else:
             raise ConfigError(f"attack.{name}: neither an attack (a node with a `_target_`) nor an option "
                               f"({[f.name for f in fields(AttackOptions)]})")
-    return checked(AttackOptions, options, "attack"), attacks
+    return checked_dataclass(AttackOptions, options, "attack"), attacks
 
 
 def selected(options: AttackOptions, attacks: list[ConfiguredAttack]) -> list[ConfiguredAttack]:

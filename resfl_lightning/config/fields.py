@@ -225,3 +225,15 @@ def build(cls: type, values: Any, key: str) -> Any:
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ConfigError(f"{where}: missing; {f.metadata.get('doc') or 'required'}", where)
     return cls(**kwargs)
+
+
+def checked_dataclass(cls: type, values: Mapping[str, Any], path: str) -> Any:
+    """cls(**values) for a plain dataclass (a plug-in's settings or parameters), type-checked by OmegaConf against its
+    fields; an unknown or mistyped key is a ConfigError naming `path`.<key>. __post_init__ runs as usual."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), values))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path}.{err.full_key}: {str(err.msg).splitlines()[0]}") from None
