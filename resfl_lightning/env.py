@@ -8,6 +8,11 @@ from pathlib import Path
 _CACHE = Path(os.environ["RESFL_CACHE_DIR"]) if "RESFL_CACHE_DIR" in os.environ else Path.cwd() / ".cache"
 
 
+def cache_dir() -> Path:
+    """The project-local cache ($RESFL_CACHE_DIR or ./.cache): ultralytics' settings, memoised pure computations."""
+    return _CACHE
+
+
 def configure_environment(num_threads: int | None = 1) -> None:
     """Keep ultralytics offline with a project-local settings dir and cap torch threads.
 

@@ -136,17 +136,37 @@ def ufm_bootstrap_se(units: Sequence[Mapping[int, float]], resamples: int = 200,
                      evidence_floor: float = 1e-3, eps: float = 1e-6) -> float:
     """Bootstrap standard error of the UFM over the split's units (images or samples), resampled with replacement.
 
-    Resamples that keep fewer than two groups are skipped; NaN when fewer than two resamples remain."""
+    Resamples that keep fewer than two groups are skipped; NaN when fewer than two resamples remain. All resamples
+    are evaluated at once on a units x groups matrix (a Python loop over ufm_from_units cost ~0.2 s a client on
+    Adult); the draws are the same as one rng.integers call per resample."""
     units = [u for u in units if u]
     if len(units) < 2:
         return math.nan
+    if not evidence_floor > 0:
+        raise ValueError(f"evidence_floor must be > 0, got {evidence_floor}")
+    groups = sorted({int(g) for u in units for g in u})
+    column = {g: j for j, g in enumerate(groups)}
+    value = np.zeros((len(units), len(groups)))
+    held = np.zeros((len(units), len(groups)))
+    for i, u in enumerate(units):
+        for g, v in u.items():
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"unit {i}: evidence of group {g} must be finite and >= 0, got {v}")
+            value[i, column[int(g)]], held[i, column[int(g)]] = float(v), 1.0
     rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(resamples):
-        pick = [units[i] for i in rng.integers(0, len(units), len(units))]
-        if len({g for u in pick for g in u}) >= 2:
-            values.append(ufm_from_units(pick, evidence_floor, eps).ufm)
-    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
+    picks = np.stack([rng.integers(0, len(units), len(units)) for _ in range(resamples)])  # (R, U)
+    counts = np.stack([np.bincount(row, minlength=len(units)) for row in picks]).astype(float)  # (R, U)
+    n_held = counts @ held  # (R, G): units of each group in each resample
+    present = n_held > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        abar = np.maximum((counts @ value) / n_held, evidence_floor)
+        inv = np.where(present, 1.0 / abar, np.nan)
+    keep = present.sum(axis=1) >= 2
+    if keep.sum() < 2:
+        return math.nan
+    inv = inv[keep]
+    spread = np.nanmax(inv, axis=1) - np.nanmin(inv, axis=1)
+    return float(np.std(spread / (np.nanmean(inv, axis=1) + eps), ddof=1))
 
 
 def image_group_evidence(pairs: Sequence[Pair], cohorts: Sequence[Tensor] | None = None,

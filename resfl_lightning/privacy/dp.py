@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+import opacus
 import torch
 from opacus import GradSampleModule
 from opacus.accountants import create_accountant
@@ -26,6 +27,7 @@ from torch import nn
 
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
+from resfl_lightning.memo import disk_memo
 
 ACCOUNTANTS = ("prv", "rdp", "gdp")
 # opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
@@ -77,8 +79,19 @@ def planned_steps(settings: DPSettings, q: float) -> int:
 
 @lru_cache(maxsize=256)
 def _sigma_for(target_epsilon: float, target_delta: float, q: float, steps: int, accountant: str) -> float:
-    return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta, sample_rate=q,
-                                      steps=steps, accountant=accountant))
+    """opacus' sigma search (~5 s with PRV), memoised on disk: every run of a table asks for the same few values."""
+    key = dict(opacus=opacus.__version__, target_epsilon=repr(target_epsilon), target_delta=repr(target_delta),
+               q=repr(q), steps=steps, accountant=accountant)
+    return disk_memo("dp_sigma", key, lambda: float(get_noise_multiplier(
+        target_epsilon=target_epsilon, target_delta=target_delta, sample_rate=q, steps=steps, accountant=accountant)))
+
+
+@lru_cache(maxsize=1024)
+def _spent_epsilon(accountant: str, history: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """The accountant's epsilon for a history (PRV: ~0.3 s); clients with the same sample rate share histories."""
+    acc = create_accountant(accountant)
+    acc.history = list(history)
+    return float(acc.get_epsilon(delta=delta))
 
 
 def noise_multiplier_for(settings: DPSettings, q: float) -> float:
@@ -194,7 +207,8 @@ class ClientDP:
             return 0.0
         if any(s == 0 for s, _, _ in history):
             return math.inf
-        return float(self.accountant.get_epsilon(delta=self.settings.target_delta))
+        return _spent_epsilon(self.settings.accountant, tuple((float(s), float(q), int(n)) for s, q, n in history),
+                              self.settings.target_delta)
 
     # --- the local loop's hooks ------------------------------------------------------------------------
     def set_training(self, mode: bool) -> None:

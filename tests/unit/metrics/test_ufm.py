@@ -227,3 +227,49 @@ def test_flip_group_labels_rate_and_never_same():
         U.flip_group_labels(groups, eta=0.1, num_groups=1)
     with pytest.raises(ValueError, match="groups must lie"):
         U.flip_group_labels(groups, eta=0.1, num_groups=2)
+
+
+def _bootstrap_se_by_loop(units, resamples, seed, evidence_floor=1e-3, eps=1e-6):
+    """The definition, one resample at a time: the reference for the vectorised ufm_bootstrap_se."""
+    from resfl_lightning.metrics.ufm import ufm_from_units
+
+    units = [u for u in units if u]
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        pick = [units[i] for i in rng.integers(0, len(units), len(units))]
+        if len({g for u in pick for g in u}) >= 2:
+            values.append(ufm_from_units(pick, evidence_floor, eps).ufm)
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else float("nan")
+
+
+@pytest.mark.parametrize("seed", [0, 3, 17])
+def test_ufm_bootstrap_se_equals_the_resample_loop(seed):
+    from resfl_lightning.metrics.ufm import ufm_bootstrap_se
+
+    rng = np.random.default_rng(100 + seed)
+    # images hold one to three of four groups; some evidence below the floor, some groups rare
+    units = []
+    for _ in range(40):
+        groups = rng.choice(4, size=rng.integers(1, 4), replace=False, p=[0.5, 0.3, 0.15, 0.05])
+        units.append({int(g): float(rng.choice([0.0, 1e-4, rng.gamma(2.0, 3.0)])) for g in groups})
+    units.append({})  # a unit without a known group is dropped, as in the loop
+    got = ufm_bootstrap_se(units, resamples=150, seed=seed)
+    assert got == pytest.approx(_bootstrap_se_by_loop(units, 150, seed), rel=1e-12, abs=1e-15)
+
+
+def test_ufm_bootstrap_se_skips_single_group_resamples_like_the_loop():
+    from resfl_lightning.metrics.ufm import ufm_bootstrap_se
+
+    # group 1 appears in one unit of 12: many resamples miss it and must be skipped, not scored 0
+    units = [{0: float(v)} for v in range(1, 12)] + [{1: 0.5}]
+    got = ufm_bootstrap_se(units, resamples=300, seed=5)
+    assert got == pytest.approx(_bootstrap_se_by_loop(units, 300, 5), rel=1e-12)
+    assert math.isnan(ufm_bootstrap_se([{0: 1.0}, {0: 2.0}], resamples=50, seed=0))  # one group only: undefined
+
+
+def test_ufm_bootstrap_se_names_the_bad_unit():
+    from resfl_lightning.metrics.ufm import ufm_bootstrap_se
+
+    with pytest.raises(ValueError, match="unit 1: evidence of group 2"):
+        ufm_bootstrap_se([{0: 1.0}, {2: float("nan")}], resamples=10)
