@@ -80,7 +80,7 @@ def splits_for(source: AnnotatedImages, ds: Any, seed: int, num_items: int | Non
     return make_federated_splits(groups, num_clients=ds.num_clients, test_fraction=ds.test_fraction,
                                  reserve_fraction=ds.reserve_fraction, val_fraction=ds.val_fraction,
                                  partition=ds.partition, alpha=ds.dirichlet_alpha, seed=seed,
-                                 dirichlet_centre=ds.dirichlet_centre)
+                                 dirichlet_centre=ds.dirichlet_centre, small_clients=ds.small_clients)
 
 
 def instantiate_dataset(node: Any):

@@ -7,11 +7,20 @@ for detection datasets use image_groups() to get one label per image first.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 Seed = int | np.random.Generator
+PARTITIONS = ("iid", "dirichlet", "column")
+SMALL_CLIENT_RULES = ("warn", "error", "merge", "drop")
+MIN_TRAIN_ROWS = 2  # BatchNorm in train mode needs two rows (data/tabular.py)
+_NAMES_SHOWN = 20
+
+
+class SmallClientWarning(UserWarning):
+    """A client has too few items for its train / validation split (named in the message)."""
 
 
 def _groups_array(groups: np.ndarray | list[int]) -> np.ndarray:
@@ -162,6 +171,76 @@ def stratified_split(indices: np.ndarray | list[int], groups: np.ndarray | list[
     return rest_idx.astype(np.int64), held_idx.astype(np.int64)
 
 
+def column_shards(labels: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    """Natural partition: one shard per distinct value of `labels` (sorted), the positions holding it."""
+    labels = np.asarray(labels).astype(str)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"partition column values must be a non-empty 1-D array, got shape {labels.shape}")
+    names, inverse = np.unique(labels, return_inverse=True)
+    return [str(n) for n in names], [np.flatnonzero(inverse == k) for k in range(len(names))]
+
+
+def split_shortfall(n_items: int, val_fraction: float, min_train: int = MIN_TRAIN_ROWS) -> str:
+    """Why a shard of n_items cannot give a validation split and min_train training items ('' when it can)."""
+    n_val = int(round(val_fraction * n_items))  # what stratified_split holds out
+    problems = []
+    if val_fraction > 0 and n_val == 0:
+        problems.append("no validation item")
+    if n_items - n_val < min_train:
+        problems.append(f"{n_items - n_val} training item(s), fewer than {min_train}")
+    return f"{n_items} items: " + " and ".join(problems) if problems else ""
+
+
+def _named(names: list[str], small: list[int], shortfall: list[str]) -> str:
+    shown = [f"client {names[i]!r} ({shortfall[i]})" for i in small[:_NAMES_SHOWN]]
+    more = len(small) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more else "")
+
+
+def resolve_small_clients(shards: list[np.ndarray], names: list[str], val_fraction: float, rule: str,
+                          min_train: int = MIN_TRAIN_ROWS) -> tuple[list[np.ndarray], list[str]]:
+    """Apply dataset.small_clients to the shards too small for their splits: error (ValueError naming them), warn
+    (kept, named in a SmallClientWarning), drop (their items unused) or merge (pooled into one client, which joins
+    the smallest other client if still too small); the last two warn naming the clients."""
+    if rule not in SMALL_CLIENT_RULES:
+        raise ValueError(f"small_clients must be one of {', '.join(SMALL_CLIENT_RULES)}, got {rule!r}")
+    shortfall = [split_shortfall(len(s), val_fraction, min_train) for s in shards]
+    small = [i for i, why in enumerate(shortfall) if why]
+    if not small:
+        return shards, names
+    named = _named(names, small, shortfall)
+    advice = f"val_fraction={val_fraction}: {len(small)} of {len(shards)} clients are too small for their splits"
+    if rule == "error":
+        raise ValueError(f"dataset.small_clients=error, {advice}: {named}. Use fewer clients, or "
+                         "dataset.small_clients=warn | merge | drop (merge / drop with partition=column)")
+    keep = [i for i in range(len(shards)) if i not in set(small)]
+    if rule == "warn":
+        warnings.warn(f"{advice} (their validation utility and u are not measured): {named}", SmallClientWarning,
+                      stacklevel=3)
+        return shards, names
+    if rule == "drop":
+        if not keep:
+            raise ValueError(f"dataset.small_clients=drop would drop every client ({advice}: {named})")
+        warnings.warn(f"dropped ({advice}; their items are unused): {named}", SmallClientWarning, stacklevel=3)
+        return [shards[i] for i in keep], [names[i] for i in keep]
+    pooled = np.sort(np.concatenate([shards[i] for i in small]))
+    pooled_name = "+".join(names[i] for i in small)
+    out_shards, out_names = [shards[i] for i in keep], [names[i] for i in keep]
+    j = len(out_shards)  # the client the pooled items join: a new one, or the smallest other when still too small
+    if split_shortfall(len(pooled), val_fraction, min_train):
+        if not out_shards:
+            raise ValueError(f"dataset.small_clients=merge: all clients together are still too small ({advice}: "
+                             f"{named})")
+        j = int(np.argmin([len(s) for s in out_shards]))
+        out_shards[j] = np.sort(np.concatenate([out_shards[j], pooled]))
+        out_names[j] = f"{out_names[j]}+{pooled_name}"
+    else:
+        out_shards.append(pooled)
+        out_names.append(pooled_name)
+    warnings.warn(f"merged ({advice}) into client {out_names[j]!r}: {named}", SmallClientWarning, stacklevel=3)
+    return out_shards, out_names
+
+
 @dataclass(frozen=True)
 class ClientSplit:
     """One client's local train and validation indices."""
@@ -182,6 +261,8 @@ class FederatedSplits:
     seed: int
     h_tv: float
     """Group heterogeneity of the client shards (train + val), mean_i 0.5 ||p_i - p_global||_1."""
+    client_names: tuple[str, ...] = ()
+    """partition=column: the partition column's value(s) of each client."""
 
     def __post_init__(self) -> None:
         parts = [self.test, self.reserve] + [a for c in self.clients for a in (c.train, c.val)]
@@ -207,13 +288,23 @@ class FederatedSplits:
 
 def make_federated_splits(groups: np.ndarray | list[int], num_clients: int, test_fraction: float = 0.2,
                           reserve_fraction: float = 0.05, val_fraction: float = 0.1, partition: str = "iid",
-                          alpha: float = 0.5, seed: int = 0, dirichlet_centre: str = "uniform") -> FederatedSplits:
+                          alpha: float = 0.5, seed: int = 0, dirichlet_centre: str = "uniform",
+                          client_labels: np.ndarray | None = None, small_clients: str = "warn",
+                          min_train: int = MIN_TRAIN_ROWS) -> FederatedSplits:
     """Test split, then the attack reserve (reserve_fraction of all items), both stratified by group; the rest is
-    sharded over clients ("iid" stratified or "dirichlet"), and each shard gets a stratified train/val split."""
+    sharded over clients ("iid" stratified, "dirichlet", or "column": one client per value of `client_labels`, the
+    per-item partition column), and each shard gets a stratified train/val split. Shards too small for their splits
+    are handled by `small_clients` (resolve_small_clients)."""
     g = _groups_array(groups)
     n = len(g)
-    if partition not in ("iid", "dirichlet"):
-        raise ValueError(f"partition must be 'iid' or 'dirichlet', got {partition!r}")
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+    if partition == "column" and (client_labels is None or len(client_labels) != n):
+        raise ValueError(f"partition=column needs one partition-column value per item ({n}), got "
+                         f"{None if client_labels is None else len(client_labels)}")
+    if partition != "column" and small_clients in ("merge", "drop"):
+        raise ValueError(f"small_clients={small_clients} needs partition=column (iid / dirichlet clients are made "
+                         "equal-sized from num_clients); use error or warn")
     if not (0 <= test_fraction < 1 and 0 <= reserve_fraction < 1 and test_fraction + reserve_fraction < 1):
         raise ValueError(f"need 0 <= test_fraction, reserve_fraction and their sum < 1, got "
                          f"{test_fraction}, {reserve_fraction}")
@@ -222,11 +313,17 @@ def make_federated_splits(groups: np.ndarray | list[int], num_clients: int, test
     pool, test = stratified_split(np.arange(n), g, test_fraction, stage[0])
     n_reserve = int(round(reserve_fraction * n))
     pool, reserve = stratified_split(pool, g, n_reserve / len(pool) if len(pool) else 0.0, stage[1])
+    names: list[str] = []
     if partition == "iid":
         local = iid_stratified_shards(g[pool], num_clients, stage[2])
-    else:
+    elif partition == "dirichlet":
         local = dirichlet_shards(g[pool], num_clients, alpha, stage[2], centre=dirichlet_centre)
+    else:
+        names, local = column_shards(np.asarray(client_labels)[pool])
     shards = [pool[s] for s in local]
+    shown = names or [str(i) for i in range(len(shards))]
+    shards, shown = resolve_small_clients(shards, shown, val_fraction, small_clients, min_train)
     clients = [ClientSplit(*stratified_split(s, g, val_fraction, stage[3])) for s in shards]
     return FederatedSplits(test=test, reserve=reserve, clients=clients, partition=partition,
-                           alpha=alpha if partition == "dirichlet" else None, seed=seed, h_tv=h_tv(shards, g))
+                           alpha=alpha if partition == "dirichlet" else None, seed=seed, h_tv=h_tv(shards, g),
+                           client_names=tuple(shown) if partition == "column" else ())

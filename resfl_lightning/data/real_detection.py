@@ -76,10 +76,11 @@ def record_image_groups(records: DetectionRecords) -> np.ndarray:
 
 
 def federated_splits(groups: np.ndarray, ds: Any, seed: int, pool: np.ndarray | None = None,
-                     test: np.ndarray | None = None, reserve: np.ndarray | None = None) -> FederatedSplits:
+                     test: np.ndarray | None = None, reserve: np.ndarray | None = None,
+                     client_labels: np.ndarray | None = None) -> FederatedSplits:
     """Splits over images with the dataset's (`ds`) fractions: make_federated_splits on `pool` (default: all
     images); a given `test` / `reserve` index set replaces the one it would carve out of the pool (CARLA's
-    predefined eval / attack frames)."""
+    predefined eval / attack frames); client_labels: each image's partition-column value (partition=column)."""
     pool = np.arange(len(groups), dtype=np.int64) if pool is None else np.asarray(pool, dtype=np.int64)
     if len(pool) < ds.num_clients:
         raise ValueError(f"dataset.num_clients: {ds.num_clients} clients but only {len(pool)} training images")
@@ -88,12 +89,14 @@ def federated_splits(groups: np.ndarray, ds: Any, seed: int, pool: np.ndarray | 
         test_fraction=0.0 if test is not None else ds.test_fraction,
         reserve_fraction=0.0 if reserve is not None else ds.reserve_fraction,
         val_fraction=ds.val_fraction, partition=ds.partition, alpha=ds.dirichlet_alpha, seed=seed,
-        dirichlet_centre=ds.dirichlet_centre)
+        dirichlet_centre=ds.dirichlet_centre, small_clients=ds.small_clients,
+        client_labels=None if client_labels is None else np.asarray(client_labels)[pool])
     return FederatedSplits(
         test=np.sort(pool[inner.test] if test is None else np.asarray(test, dtype=np.int64)),
         reserve=np.sort(pool[inner.reserve] if reserve is None else np.asarray(reserve, dtype=np.int64)),
         clients=[ClientSplit(pool[c.train], pool[c.val]) for c in inner.clients],
-        partition=inner.partition, alpha=inner.alpha, seed=inner.seed, h_tv=inner.h_tv)
+        partition=inner.partition, alpha=inner.alpha, seed=inner.seed, h_tv=inner.h_tv,
+        client_names=inner.client_names)
 
 
 def show_facet_notice(force: bool = True) -> None:

@@ -97,14 +97,17 @@ def federated_tabular_data(x_train: np.ndarray, y_train: np.ndarray, s_train: np
                            reserve_fraction: float, val_fraction: float, batch_size: int,
                            eval_batch_size: int | None = None, partition: str = "iid", dirichlet_alpha: float = 0.5,
                            dirichlet_centre: str = "uniform", loader: LoaderSettings = IN_PROCESS,
-                           group_names: tuple[str, ...] = (), feature_names: tuple[str, ...] = ()
+                           group_names: tuple[str, ...] = (), feature_names: tuple[str, ...] = (),
+                           client_labels: np.ndarray | None = None, small_clients: str = "warn"
                            ) -> FederatedTabularData:
     """Client shards + reserve from the training rows (stratified by group, make_federated_splits); the test rows
-    form the test split. eval_batch_size None: batch_size."""
+    form the test split. eval_batch_size None: batch_size. partition="column": one client per value of
+    client_labels (one per training row)."""
     n_train = len(y_train)
     part = make_federated_splits(s_train, num_clients=num_clients, test_fraction=0.0,
                                  reserve_fraction=reserve_fraction, val_fraction=val_fraction, partition=partition,
-                                 alpha=dirichlet_alpha, seed=seed, dirichlet_centre=dirichlet_centre)
+                                 alpha=dirichlet_alpha, seed=seed, dirichlet_centre=dirichlet_centre,
+                                 client_labels=client_labels, small_clients=small_clients)
     splits = dataclasses.replace(part, test=np.arange(n_train, n_train + len(y_test), dtype=np.int64))
     return FederatedTabularData(
         x=torch.from_numpy(np.concatenate([x_train, x_test]).astype(np.float32)),

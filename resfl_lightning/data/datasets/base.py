@@ -25,9 +25,10 @@ any work, and `python -m resfl_lightning.train dataset=my_data` trains on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from resfl_lightning.config.fields import Section, setting
+from resfl_lightning.config.errors import ConfigError
+from resfl_lightning.config.fields import Section, has_unresolved, setting
 from resfl_lightning.config.sections import LoaderSettings, QualitySkewSettings, Recipe
 
 
@@ -55,8 +56,12 @@ class FederatedDataset(Section):
                              choices=("absolute", "relative"))
     recipe: Recipe = setting(doc="training recipe conf/train.yaml reads (rounds, local_epochs, lr, lr_milestones)")
     num_clients: int = setting(4, "federated clients", ge=1)
-    partition: str = setting("iid", "iid: every client sees the group mix; dirichlet: group shares per client",
-                             choices=("iid", "dirichlet"))
+    partition: str = setting("iid", "iid: every client sees the group mix; dirichlet: group shares per client; "
+                             "column: one client per value of partition_column", choices=("iid", "dirichlet", "column"))
+    partition_column: str | None = setting(None, "partition=column: the column naming each item's client (region, "
+                                           "hospital, camera)")
+    small_clients: str = setting("warn", "a client too small for its train/val split: warn | error (naming it), or "
+                                 "merge | drop it (partition=column)", choices=("warn", "error", "merge", "drop"))
     dirichlet_alpha: float = setting(0.5, "Dirichlet concentration of the group shares", gt=0)
     dirichlet_centre: str = setting("uniform", "Dirichlet mean: equal group shares or the global mix",
                                     choices=("uniform", "global"))
@@ -68,6 +73,13 @@ class FederatedDataset(Section):
     protected_group: int | None = setting(None, "the group the fairness attacks protect by default", ge=0)
     quality_skew: QualitySkewSettings | None = setting(None, "scenario=quality_skew (detection data only)")
 
+    supports_column_partition: ClassVar[bool] = False  # True for datasets that read a partition column
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not has_unresolved(self):
+            partition_keys_agree(self)
+
     def preflight(self) -> None:
         """Cheap checks in the launching process before any worker starts (files present, licence notice);
         raise ConfigError naming the key to fix. Nothing to check by default."""
@@ -75,3 +87,17 @@ class FederatedDataset(Section):
     def build(self, seed: int) -> Any:
         """The federated data (see the class docstring); called on every rank."""
         raise NotImplementedError(f"{type(self).__name__} must implement build(seed)")
+
+
+def partition_keys_agree(ds: FederatedDataset) -> None:
+    """partition=column needs partition_column (and a dataset that reads one); merge / drop need partition=column."""
+    if ds.partition == "column":
+        if not type(ds).supports_column_partition:
+            raise ConfigError(f"dataset.partition: {ds.name} has no partition column; partition=column works with "
+                              "dataset=csv and dataset=yolo (use iid or dirichlet)")
+        if not ds.partition_column:
+            raise ConfigError("dataset.partition_column: partition=column needs the column that names each item's "
+                              "client, e.g. dataset.partition_column=region")
+    elif ds.small_clients in ("merge", "drop"):
+        raise ConfigError(f"dataset.small_clients: {ds.small_clients} needs dataset.partition=column (iid and "
+                          "dirichlet clients are equal-sized from num_clients); use warn or error")
