@@ -1,6 +1,7 @@
 """Robustness attacks wired into the round loop (docs/method.md §7) and the EOD measurement their comparison needs.
 
-ByzantineAttack: adds the sign-flip update transform (attackers drawn per round from the seed) to the Federation.
+ByzantineAttack: adds the Byzantine update transform (sign flip, scaling, Gaussian, ALIE, IPM, min-max, min-sum,
+label flip; attackers fixed for the run or redrawn per round: attacks/byzantine_round.py) to the Federation.
 DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
 EqualizedOdds: EOD of the global model on the test split, from the predictions of the global evaluation's pass of
 that round (no second inference pass), whenever the global evaluation ran.
@@ -13,8 +14,9 @@ import warnings
 from dataclasses import replace
 
 from resfl_lightning.attacks.base import Attack, AttackRun
+from resfl_lightning.attacks.byzantine_round import ByzantineAttackSettings, ByzantineRound, LabelFlippedData
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
-from resfl_lightning.attacks.settings import ByzantineSettings, EodSettings, PoisoningSettings
+from resfl_lightning.attacks.settings import EodSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
@@ -23,28 +25,36 @@ from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
 class ByzantineAttack(Attack):
     """attack.byzantine."""
 
-    Settings = ByzantineSettings
+    Settings = ByzantineAttackSettings
     order = 10
 
-    def __init__(self, settings: ByzantineSettings, seed: int):
+    def __init__(self, settings: ByzantineAttackSettings, seed: int):
         self.settings, self.seed = settings, int(seed)
-        self.transform: ByzantineUpdate | None = None
+        self.transform: ByzantineRound | None = None
 
     @classmethod
-    def build(cls, settings: ByzantineSettings, run: AttackRun) -> ByzantineAttack:
+    def build(cls, settings: ByzantineAttackSettings, run: AttackRun) -> ByzantineAttack:
         return cls(settings, seed=run.seed)
 
     def on_fit_start(self, federation, model, layout) -> None:
         mask = None if self.settings.include_buffers else parameter_mask(model, layout)
-        self.transform = ByzantineUpdate(federation.data.num_clients, self.settings, self.seed, mask,
-                                         clip_low=model.ufm.clip_low)
+        self.transform = ByzantineRound(federation.data.num_clients, self.settings, self.seed, mask,
+                                        clip_low=model.ufm.clip_low)
         # Replace (not stack) a transform left from an earlier fit of the same Federation.
         federation.update_transforms = [t for t in federation.update_transforms if not isinstance(t, ByzantineUpdate)]
         federation.update_transforms.append(self.transform)
+        if self.settings.kind == "label_flip" and not isinstance(federation.data, LabelFlippedData):
+            federation.data = LabelFlippedData(federation.data, self.transform)
 
-    def on_round_end(self, federation, round_idx: int, metrics: dict) -> None:
+    def on_round_start(self, federation, round_idx: int) -> None:
+        if isinstance(federation.data, LabelFlippedData):
+            federation.data.set_round(round_idx)
+
+    def on_round_end(self, federation, round_idx: int, weights: dict, metrics: dict) -> None:
         attackers = self.transform.attackers(round_idx)
         metrics["attack/byzantine_num_attackers"] = float(len(attackers))
+        # The share of the round's aggregation weight the attackers received (the rule's logged weights).
+        metrics["attack/byzantine_weight_share"] = float(sum(w for cid, w in weights.items() if cid in attackers))
         for cid in range(federation.data.num_clients):
             metrics[f"attack/byzantine/client_{cid}"] = float(cid in attackers)
 

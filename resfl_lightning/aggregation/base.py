@@ -37,6 +37,33 @@ class AggregationRule:
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:
         raise NotImplementedError
 
+    # --- hooks for rules that need more than the round's updates (all no-ops by default) -----------------------
+    def attach(self, federation, model, layout) -> None:
+        """Once before the first round: a rule that computes on the server side (FLTrust's root update) keeps what
+        it needs here (the live client module, the flat layout, the federated data)."""
+
+    def begin_round(self, state, round_idx: int) -> None:
+        """Before the round's aggregation: the current global model (`state.theta`) and the rule's own state kept
+        in `state.extra` (so that a resumed run continues exactly)."""
+
+    def end_round(self, state):
+        """After an applied (not skipped) round: the ServerState with the rule's own state written into `extra`."""
+        return state
+
+    def check_clients(self, num_clients: int) -> None:
+        """Raise ValueError when the rule cannot aggregate this many updates (checked before the first round for the
+        sampled count; a round left with fewer usable updates is skipped)."""
+
+    def check_memory(self, num_clients: int, numel: int, budget_mb: float) -> None:
+        """Stop before the first round when num_clients stacked float32 updates exceed the budget (a gather-all rule,
+        or any rule in a round that an omniscient attack forces to gather)."""
+        need_mb = num_clients * numel * 4 / 2**20
+        if need_mb > budget_mb:
+            raise GatherMemoryError(
+                f"aggregation {self.name} gathers every update: {num_clients} clients x {numel:,} values need "
+                f"{need_mb:,.0f} MiB, more than federation.gather_memory_mb={budget_mb:g}; sample fewer clients "
+                "per round (federation.clients_per_round) or choose a streaming rule")
+
 
 class StreamingRule(AggregationRule):
     """Maps a ClientReport to an unnormalised log-weight; omega = softmax over the round's clients."""
@@ -62,16 +89,3 @@ class GatherAllRule(AggregationRule):
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:
         """Logged per-client weight: one equal vote each (a rule that weighs clients overrides this)."""
         return {r.client_id: 1.0 / len(reports) for r in reports}
-
-    def check_clients(self, num_clients: int) -> None:
-        """Raise ValueError when the rule cannot aggregate this many updates (checked before the first round for the
-        sampled count; a round left with fewer usable updates is skipped)."""
-
-    def check_memory(self, num_clients: int, numel: int, budget_mb: float) -> None:
-        """Stop before the first round when num_clients stacked float32 updates exceed the budget."""
-        need_mb = num_clients * numel * 4 / 2**20
-        if need_mb > budget_mb:
-            raise GatherMemoryError(
-                f"aggregation {self.name} gathers every update: {num_clients} clients x {numel:,} values need "
-                f"{need_mb:,.0f} MiB, more than federation.gather_memory_mb={budget_mb:g}; sample fewer clients "
-                "per round (federation.clients_per_round) or choose a streaming rule")

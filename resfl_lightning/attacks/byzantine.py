@@ -7,7 +7,13 @@ Report modes (`attack.byzantine.report`), i.e. the u an attacker sends beside it
 - honest (default, our reading): the UFM pipeline (EMA, clip, gate) on the model it trained, before the flip;
 - sent: the same pipeline on the model it actually sends, theta_G + its flipped update, evaluated on its
   validation split (the gate then sees that model's mAP);
-- lie: the best value the server accepts, u = clip_low, never gated.
+- lie: the best value the server accepts, u = clip_low, never gated;
+- mimic: the median of the honest clients' reported u of the round (an attacker that observes them); the client
+  first reports as `honest`, and the round transform (attacks/byzantine_round.py) replaces its u once the round's
+  reports are gathered.
+
+Schedules (`attack.byzantine.schedule`): `per_round` redraws the attackers each round from (seed, round) (the
+behaviour before schedules existed); `fixed` draws the same attackers for the whole run from the seed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch
 Delta = TypeVar("Delta", torch.Tensor, np.ndarray, Mapping)
 
 _ATTACKER_STREAM = 0x42595A  # separates this RNG stream from other uses of the same seed
-REPORT_MODES = ("honest", "sent", "lie")
+_FIXED_STREAM = 0x464958  # the fixed schedule's draw, apart from every per-round draw
+REPORT_MODES = ("honest", "sent", "lie", "mimic")
+SCHEDULES = ("fixed", "per_round")
 
 
 def count_from_fraction(num_clients: int, fraction: float) -> int:
@@ -41,6 +49,24 @@ def choose_attackers(num_clients: int, fraction: float, seed: int, round_idx: in
     k = count_from_fraction(num_clients, fraction)
     rng = np.random.default_rng([seed, round_idx, _ATTACKER_STREAM])
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def fixed_attackers(num_clients: int, fraction: float, seed: int) -> list[int]:
+    """Sorted ids of round(fraction*N) attackers kept for the whole run (schedule `fixed`); reproducible from seed."""
+    k = count_from_fraction(num_clients, fraction)
+    rng = np.random.default_rng([seed, _ATTACKER_STREAM, _FIXED_STREAM])
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def scheduled_attackers(schedule: str, num_clients: int, fraction: float, seed: int, round_idx: int) -> list[int]:
+    """The round's attackers under a schedule (module docstring)."""
+    if schedule == "per_round":
+        return choose_attackers(num_clients, fraction, seed, round_idx)
+    if schedule == "fixed":
+        if round_idx < 0:
+            raise ValueError(f"round_idx must be >= 0, got {round_idx}")
+        return fixed_attackers(num_clients, fraction, seed)
+    raise ValueError(f"attacker schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 def _is_float(v: Any) -> bool:
@@ -110,7 +136,7 @@ def attacker_report(mode: str, honest: Any, validate_sent: Callable[[], Any],
     """
     if mode not in REPORT_MODES:
         raise ValueError(f"report mode must be one of {REPORT_MODES}, got {mode!r}")
-    result = validate_sent() if mode == "sent" else honest
+    result = validate_sent() if mode == "sent" else honest  # mimic: honest here, its u replaced after the gather
     ema, u, gated = report_u(result.ufm_raw, result.utility)
     if mode == "lie":
         u, gated = float(clip_low), False

@@ -7,6 +7,8 @@ clients on 2,000 rows): a smoke test of the machinery, not a measurement.
 One part alone:
   resfl bench round [--quick] [--rounds 2]                       the round part
   resfl bench scale [--rounds 3] [--fraction 0.1] [--counts ...]   the scale part
+  resfl bench aggregation [--counts 10 100] [--device cpu]        each rule's aggregation time per round
+  resfl bench csv [--rows 1000000] [--columns 50]                 dataset=csv load + partition time
 """
 
 from __future__ import annotations
@@ -85,7 +87,40 @@ def scale_part(argv: list[str]) -> int:
     return 0
 
 
-PARTS = {"round": round_part, "scale": scale_part}
+def csv_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks import csv_load
+
+    p = argparse.ArgumentParser(prog="resfl bench csv", description=csv_load.__doc__)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--columns", type=int, default=50)
+    args = p.parse_args(argv)
+    _console().print(csv_load.table(csv_load.measure(args.rows, args.columns)))
+    return 0
+
+
+def aggregation_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks import aggregation_time
+    from resfl_lightning.benchmarks.steps import aggregation_cost
+
+    p = argparse.ArgumentParser(prog="resfl bench aggregation", description=aggregation_time.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", default="n", help="YOLOv8 scale whose parameter count sizes the updates")
+    p.add_argument("--counts", type=int, nargs="+", default=[10, 100], help="numbers of clients per round")
+    p.add_argument("--repeats", type=int, default=1, help="rounds timed per rule (the median is shown)")
+    p.add_argument("--device", default="cpu", help="where the stacked updates live (cpu, cuda)")
+    p.add_argument("--rules", nargs="+", default=None, help="only these rules (default: every one)")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    numel = aggregation_cost(args.scale, 64, 1)[0]
+    results = aggregation_time.measure(numel, tuple(args.counts), args.repeats, args.device,
+                                       None if args.rules is None else tuple(args.rules))
+    _console().print(aggregation_time.table(results, numel, args.device))
+    return 0
+
+
+PARTS = {"round": round_part, "scale": scale_part, "csv": csv_part, "aggregation": aggregation_part}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -279,9 +279,13 @@ class Federation:
             sampled = sample_size(s.clients_per_round, self.data.num_clients)
             self.aggregator.check_memory(sampled, layout.numel, s.gather_memory_mb)
             self.aggregator.check_clients(sampled)
+        self.aggregator.attach(self, client, layout)  # server-side needs (FLTrust's root split) before any attack
         state = self.initial_state(client, layout)
         state.logger_run_id = state.logger_run_id or self.logger_run_id
         fabric.call("on_fit_start", federation=self, model=client, layout=layout, state=state)
+        if self.round_transforms() and not self.aggregator.gathers_all:  # an omniscient attack gathers every round
+            self.aggregator.check_memory(sample_size(s.clients_per_round, self.data.num_clients), layout.numel,
+                                         s.gather_memory_mb)
         for round_idx in range(state.round_idx + 1, s.rounds):
             state = self.run_round(client, layout, state, round_idx)
         fabric.call("on_fit_end", federation=self, model=client, layout=layout, state=state)
@@ -297,7 +301,7 @@ class Federation:
             os.kill(os.getpid(), signal.SIGKILL)
         fabric.call("on_round_start", federation=self, round_idx=round_idx)
         state, stats_failed = self._prepare_aggregator(client, layout, state, round_idx)
-        gather_all = self.aggregator.gathers_all
+        gather_all = self.aggregator.gathers_all or bool(self.round_transforms())
         acc = StreamingWeightedSum(layout.numel, device=state.theta.device)
         own_reports, own_dropped, own_updates = [], list(stats_failed.items()), []
         for client_id in self.own_clients(round_idx):
@@ -325,11 +329,14 @@ class Federation:
         if skip is None and not gather_all and not any(part[3] > 0 for part in gathered):
             skip = "every usable client update has aggregation weight 0"
         if skip is None:  # every rank takes the same branch: all of them saw the same gathered reports
-            mean_delta, skip = self._aggregate(acc, gathered, reports)
+            self.aggregator.begin_round(state, round_idx)
+            mean_delta, skip, reports = self._aggregate(acc, gathered, reports, round_idx, gather_all)
         if skip is None:
             theta = (state.theta.to(torch.float64) + s.server_lr * mean_delta).to(torch.float32)
             if not torch.isfinite(theta).all():
                 theta, skip = state.theta, "the aggregated model has non-finite values"
+        if skip is None:
+            state = self.aggregator.end_round(state)
         if skip is not None and fabric.is_global_zero:
             warnings.warn(f"round {round_idx}: skipped, theta_G unchanged: {skip}", RuntimeWarning, stacklevel=2)
         state = replace(state, round_idx=round_idx, theta=theta)
@@ -367,21 +374,37 @@ class Federation:
         self._stop_after_too_many_skipped(state, round_idx, skip)
         return state
 
-    def _aggregate(self, acc: StreamingWeightedSum, gathered: list,
-                   reports: list[ClientReport]) -> tuple[torch.Tensor | None, str | None]:
-        """(the round's aggregate update in float64, None), or (None, why the round is skipped): the all-reduced
-        streaming sum, or the gather-all rule applied to every rank's updates stacked in client-id order (the same
-        stack on every rank and world size, so every rank takes the same branch)."""
-        if not self.aggregator.gathers_all:
+    def round_transforms(self) -> list:
+        """Update transforms that act on the whole gathered round (omniscient Byzantine attacks, the mimic report):
+        `round_transform(round_idx, reports, deltas[N, P]) -> (reports, deltas)`; while one is installed every round
+        gathers its updates (memory N x |theta| float32 on every rank, as a gather-all rule)."""
+        return [t for t in self.update_transforms if getattr(t, "needs_round", False)]
+
+    def _aggregate(self, acc: StreamingWeightedSum, gathered: list, reports: list[ClientReport], round_idx: int,
+                   gather_all: bool) -> tuple[torch.Tensor | None, str | None, list[ClientReport]]:
+        """(the round's aggregate update in float64, None, reports), or (None, why the round is skipped, reports):
+        the all-reduced streaming sum, or the rule applied to every rank's updates stacked in client-id order (the
+        same stack on every rank and world size, so every rank takes the same branch). A gathered round passes the
+        stack and the reports through the round transforms first; a streaming rule then weighs the stack by its
+        softmax weights (the same sum the streaming path folds)."""
+        if not gather_all:
             gmax, gnorm = combine_normalisers([(part[2], part[3]) for part in gathered])
-            return self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm)), None
+            return self._all_reduce_sum(acc.rescale_for_global(gmax, gnorm)), None, reports
         try:
             self.aggregator.check_clients(len(reports))
         except ValueError as err:  # e.g. dropped clients left Krum fewer than 2f + 3 updates
-            return None, str(err)
+            return None, str(err), reports
         updates = dict(u for part in gathered for u in part[4])
         stacked = torch.stack([updates[r.client_id].to(acc.acc.device) for r in reports])
-        return self.aggregator.aggregate(stacked, reports).to(torch.float64), None
+        for transform in self.round_transforms():
+            reports, stacked = transform.round_transform(round_idx, reports, stacked)
+        if self.aggregator.gathers_all:
+            return self.aggregator.aggregate(stacked, reports).to(torch.float64), None, reports
+        weights = self.aggregator.weights(reports)
+        total = torch.zeros(stacked.shape[1], dtype=torch.float64, device=stacked.device)
+        for r, row in zip(reports, stacked):
+            total.add_(row.to(torch.float64), alpha=weights[r.client_id])
+        return total, None, reports
 
     @staticmethod
     def _count_skipped(state: ServerState, skipped: bool) -> ServerState:

@@ -50,7 +50,8 @@ def _one_round(tmp_path, name, *overrides):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("byz_report")
-    byz = ["attack=byzantine", "attack.byzantine.fraction=0.5", "attack.byzantine.gamma=2.0"]
+    byz = ["attack=byzantine", "attack.byzantine.fraction=0.5", "attack.byzantine.gamma=2.0",
+           "attack.byzantine.schedule=per_round"]  # the attackers choose_attackers draws for round 0
     return {mode: _one_round(tmp, mode, *byz, f"attack.byzantine.report={mode}") for mode in ("honest", "sent", "lie")}
 
 

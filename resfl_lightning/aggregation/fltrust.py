@@ -1,0 +1,59 @@
+"""FLTrust (Cao, Fang, Liu & Gong, NDSS 2021; docs/method.md §10): the server trains its own root update g_0
+on a small clean root split (aggregation/root.py) and trusts each update by TS_i = ReLU(cos(d_i, g_0)):
+
+    aggregate = sum_i TS_i (||g_0|| / ||d_i||) d_i / sum_i TS_i       (no update when sum_i TS_i = 0)
+
+No bound on f. Gather-all here (memory N x |theta| float32); it could stream once g_0 is known before the clients
+finish. Extra server cost per round: one local training on the root split."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from resfl_lightning.aggregation.base import GatherAllRule
+from resfl_lightning.aggregation.robust_ops import trust_scores
+from resfl_lightning.aggregation.root import ServerRoot
+from resfl_lightning.types import ClientReport
+
+
+def fltrust_aggregate(deltas: torch.Tensor, root_update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aggregate, trust scores TS); the aggregate is 0 when every score is 0."""
+    x, g = deltas.to(torch.float64), root_update.to(torch.float64)
+    ts = trust_scores(x, g)
+    if float(ts.sum()) == 0.0:
+        return torch.zeros(x.shape[1], dtype=torch.float64, device=x.device), ts
+    norms = x.norm(dim=1).clamp_min(1e-300)
+    scaled = x * (g.norm() / norms)[:, None]  # every update rescaled to the root update's norm
+    return (ts[:, None] * scaled).sum(dim=0) / ts.sum(), ts
+
+
+@dataclass
+class FLTrust(GatherAllRule):
+    root_size: int = 100  # items carved from the attack reserve for the server's root split
+
+    def __post_init__(self) -> None:
+        self.root: ServerRoot | None = None  # set by attach (tests may set any object with update())
+        self._weights: dict[int, float] = {}
+        if self.root_size < 1:
+            raise ValueError(f"aggregation.root_size must be >= 1, got {self.root_size}")
+
+    def attach(self, federation, model, layout) -> None:
+        self.root = ServerRoot(federation, model, layout, self.root_size)
+
+    def begin_round(self, state, round_idx: int) -> None:
+        self.root.begin_round(state, round_idx)
+
+    def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        out, ts = fltrust_aggregate(deltas, self.root.update().to(deltas.device))
+        total = float(ts.sum())
+        if total == 0.0:
+            warnings.warn("FLTrust: no update has a positive cosine to the root update; the round adds nothing",
+                          RuntimeWarning, stacklevel=2)
+        self._weights = {r.client_id: (float(t) / total if total else 0.0) for r, t in zip(reports, ts)}
+        return out
+
+    def weights(self, reports: list[ClientReport]) -> dict[int, float]:
+        return {r.client_id: self._weights.get(r.client_id, 0.0) for r in reports}

@@ -1,0 +1,87 @@
+"""The server's root split (FLTrust, resfl_robust; docs/method.md §10, docs/method.md "Threat model of resfl_robust").
+
+A small labelled set the server holds, carved at the start of the run from the attack reserve (seeded): the carved
+items leave `splits.reserve`, so the MIA / AIA sets drawn from the reserve afterwards stay disjoint from it, and the
+reserve is already disjoint from every client's train/val split and from the test split. On it the server
+- trains the round's root update g_0 = theta' - theta_G with the clients' own recipe (local epochs, lr schedule,
+  losses), starting from theta_G with a fresh client state seeded from (run seed, round);
+- evaluates theta_G + delta_i of any update (utility, UFM and its bootstrap SE), as a client evaluates its own.
+Every rank computes the same values from the same seed (no collective). Cost per round: one local training on the
+root split, plus one evaluation per update for the rules that ask for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from resfl_lightning.federation.local import local_train
+from resfl_lightning.federation.orchestrator import seed_all
+
+_ROOT_STREAM = 0x524F4F54  # separates the root split's draws from other uses of the run seed
+
+
+def root_indices(reserve: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(root items, the rest of the reserve): `size` items drawn without replacement from the reserve, seeded."""
+    reserve = np.asarray(reserve, dtype=np.int64)
+    if not 1 <= size <= len(reserve):
+        raise ValueError(f"aggregation.root_size={size}: the attack reserve holds {len(reserve)} items; choose "
+                         f"1..{len(reserve)} or raise dataset.reserve_fraction")
+    rng = np.random.default_rng([seed, _ROOT_STREAM])
+    chosen = np.zeros(len(reserve), dtype=bool)
+    chosen[rng.choice(len(reserve), size=size, replace=False)] = True
+    return np.sort(reserve[chosen]), np.sort(reserve[~chosen])
+
+
+def _unwrapped(data):
+    """The federated data under attack wrappers (data poisoning wraps it and delegates reads)."""
+    while getattr(data, "is_attack_wrapper", False):
+        data = data.base
+    return data
+
+
+class ServerRoot:
+    """Root split + the live client module, used by the server between local training and aggregation."""
+
+    def __init__(self, federation, model, layout, size: int):
+        data = _unwrapped(federation.data)
+        self.indices, rest = root_indices(data.splits.reserve, size, federation.settings.seed)
+        data.splits = dataclasses.replace(data.splits, reserve=rest)  # carve: later reserve users never see it
+        self.data, self.fabric, self.settings = data, federation.fabric, federation.settings
+        self.model, self.layout = model, layout
+        self.loader = data.loader_for(self.indices)
+        self.theta: torch.Tensor | None = None
+        self.int_buffers = None
+        self.round_idx = -1
+        self._update: torch.Tensor | None = None
+
+    def begin_round(self, state, round_idx: int) -> None:
+        self.theta, self.int_buffers, self.round_idx = state.theta, state.int_buffers, round_idx
+        self._update = None
+
+    def _seed(self) -> int:
+        return int(np.random.SeedSequence([self.settings.seed, self.round_idx, _ROOT_STREAM]).generate_state(1)[0])
+
+    def update(self) -> torch.Tensor:
+        """g_0: the root update of this round (trained once, then cached for the round)."""
+        if self.theta is None:
+            raise RuntimeError("ServerRoot.update before begin_round: the orchestrator calls begin_round first")
+        if self._update is None:
+            s, model, seed = self.settings, self.model, self._seed()
+            self.layout.load(model, self.theta, self.int_buffers)
+            model.import_local_state(None, seed=seed)
+            seed_all(seed)
+            model.begin_client(-1, self.round_idx)
+            local_train(self.fabric, model, lambda epoch: self.data.train_loader_for(self.indices, seed=seed + epoch),
+                        s.local_epochs, lr_factor=s.lr_factor(self.round_idx),
+                        name=f"server root update, round {self.round_idx}", sam_rho=s.sam_rho)
+            self._update = self.layout.flatten(model) - self.theta
+        return self._update
+
+    def evaluate(self, delta: torch.Tensor):
+        """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...)."""
+        self.layout.load(self.model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
+                         self.int_buffers)
+        return self.model.evaluate(self.loader)

@@ -1,0 +1,174 @@
+"""The Byzantine attack family inside a run (docs/method.md §10): settings, the update transform and
+the label-flip data.
+
+Kinds (`attack.byzantine.kind`):
+- per client, on the attacker's own update: sign_flip (-gamma d, the original attack), scaling (gamma d, a boost);
+- omniscient, on the gathered round (every attacker sends one vector computed from the honest updates,
+  attacks/byzantine_vectors.py): gaussian, alie, ipm, min_max, min_sum;
+- on the attacker's data: label_flip (y <- C - 1 - y on its training rows; tabular data only).
+The optional l2 bound rescales what an attacker sends; BatchNorm running statistics are left alone unless
+include_buffers. Omniscient kinds and the `mimic` report need the round's honest updates / reports: the transform
+says so by `needs_round`, and the orchestrator then gathers every round's updates (memory N x |theta| float32 on
+every rank) and calls `round_transform` before aggregating (federation/orchestrator.py). `on_client_end` callbacks
+see an omniscient attacker's own trained update, not the vector it sends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from resfl_lightning.attacks import byzantine_vectors as vectors
+from resfl_lightning.attacks.byzantine import SCHEDULES, l2_bound, scheduled_attackers
+from resfl_lightning.attacks.robustness import ByzantineUpdate
+from resfl_lightning.attacks.settings import ByzantineSettings
+from resfl_lightning.config import ConfigError
+from resfl_lightning.types import ClientReport
+
+PER_CLIENT_KINDS = ("sign_flip", "scaling")
+OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum")
+DATA_KINDS = ("label_flip",)
+KINDS = PER_CLIENT_KINDS + OMNISCIENT_KINDS + DATA_KINDS
+_GAUSSIAN_STREAM = 0x474155
+
+
+@dataclass
+class ByzantineAttackSettings(ByzantineSettings):
+    """attack.byzantine: ByzantineSettings (fraction, gamma, l2_bound, include_buffers, report) + the keys below."""
+
+    kind: str = "sign_flip"
+    schedule: str = "fixed"  # fixed: the same attackers every round | per_round: redrawn from (seed, round)
+    std: float | None = None  # gaussian: the noise std; null = median honest norm / sqrt(|theta|)
+    alie_z: str = "paper"  # paper: Phi^-1((n - s)/n) | honest: Phi^-1((h - s)/h)
+    ipm_epsilon: float = 0.1
+    perturbation: str = "unit"  # min_max / min_sum direction: unit | sign | std
+    gamma_init: float = 10.0  # min_max / min_sum: the search's first gamma (gamma stays <= 2 gamma_init)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = (("kind", KINDS), ("schedule", SCHEDULES), ("alie_z", vectors.ALIE_Z_FORMS),
+                  ("perturbation", vectors.PERTURBATIONS))
+        for key, choices in checks:
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"attack.byzantine.{key}: must be one of {list(choices)}, got {getattr(self, key)!r}")
+        if self.kind in OMNISCIENT_KINDS and self.report == "sent":
+            raise ConfigError(f"attack.byzantine.report=sent: an omniscient attacker ({self.kind}) only knows what it "
+                              "sends once the round is gathered, after the reports; use honest, lie or mimic")
+        if self.std is not None and not (self.std >= 0 and math.isfinite(self.std)):
+            raise ConfigError(f"attack.byzantine.std: must be null or a finite number >= 0, got {self.std}")
+        if not self.ipm_epsilon > 0:
+            raise ConfigError(f"attack.byzantine.ipm_epsilon: must be > 0, got {self.ipm_epsilon}")
+        if not self.gamma_init > 0:
+            raise ConfigError(f"attack.byzantine.gamma_init: must be > 0, got {self.gamma_init}")
+
+
+class ByzantineRound(ByzantineUpdate):
+    """ByzantineUpdate (per-client sign flip, report modes) with schedules, the other kinds and the round hook."""
+
+    settings: ByzantineAttackSettings
+
+    @property
+    def needs_round(self) -> bool:
+        return self.settings.kind in OMNISCIENT_KINDS or self.settings.report == "mimic"
+
+    def attackers(self, round_idx: int) -> list[int]:
+        s = self.settings
+        return scheduled_attackers(s.schedule, self.num_clients, s.fraction, self.seed, round_idx)
+
+    def __call__(self, client_id: int, round_idx: int, delta: torch.Tensor) -> torch.Tensor:
+        kind = self.settings.kind
+        if kind == "sign_flip":
+            return super().__call__(client_id, round_idx, delta)
+        if kind != "scaling" or client_id not in self.attackers(round_idx):
+            return delta  # omniscient kinds act in round_transform, label_flip on the data
+        return self._send(delta, lambda own: own * self.settings.gamma)
+
+    def _send(self, own: torch.Tensor, make) -> torch.Tensor:
+        """own with its attacked entries (parameters, or all with include_buffers) replaced by make(those entries),
+        rescaled to the l2 bound when one is set."""
+        mask = None if self.mask is None else self.mask.to(own.device)
+        if mask is not None and mask.numel() != own.numel():
+            raise ValueError(f"Byzantine mask has {mask.numel()} entries, the update {own.numel()}")
+        part = own if mask is None else own[mask]
+        sent = make(part).to(own.dtype)
+        if self.settings.l2_bound is not None:
+            sent = l2_bound(sent, self.settings.l2_bound)
+        if mask is None:
+            return sent
+        out = own.clone()
+        out[mask] = sent
+        return out
+
+    def round_transform(self, round_idx: int, reports: list[ClientReport],
+                        deltas: torch.Tensor) -> tuple[list[ClientReport], torch.Tensor]:
+        """The gathered round (rows of `deltas` follow `reports`): attackers' rows replaced by the omniscient vector,
+        attackers' u replaced by the honest median under `mimic`."""
+        attackers = set(self.attackers(round_idx))
+        rows = [i for i, r in enumerate(reports) if r.client_id in attackers]
+        honest = [i for i, r in enumerate(reports) if r.client_id not in attackers]
+        if not rows:
+            return reports, deltas
+        if not honest:
+            warnings.warn(f"round {round_idx}: every client is a Byzantine attacker; an omniscient attack observes no "
+                          "honest update, so the attackers send their own updates and report as themselves",
+                          RuntimeWarning, stacklevel=2)
+            return reports, deltas
+        if self.settings.report == "mimic":
+            u = statistics.median(reports[i].u for i in honest)
+            reports = [dataclasses.replace(r, u=float(u), gated=False) if i in rows else r
+                       for i, r in enumerate(reports)]
+        if self.settings.kind in OMNISCIENT_KINDS:
+            deltas = deltas.clone()
+            sent = self._omniscient(round_idx, deltas[honest], n=len(reports), f=len(rows))
+            for i in rows:
+                deltas[i] = self._send(deltas[i], lambda own, sent=sent: sent if self.mask is None
+                                       else sent[self.mask.to(sent.device)])
+        return reports, deltas
+
+    def _omniscient(self, round_idx: int, honest: torch.Tensor, n: int, f: int) -> torch.Tensor:
+        s = self.settings
+        if s.kind == "alie":
+            return vectors.alie(honest, f, s.alie_z)
+        if s.kind == "ipm":
+            return vectors.ipm(honest, s.ipm_epsilon)
+        if s.kind == "min_max":
+            return vectors.min_max(honest, s.perturbation, s.gamma_init)
+        if s.kind == "min_sum":
+            return vectors.min_sum(honest, s.perturbation, s.gamma_init)
+        gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
+            [self.seed, round_idx, _GAUSSIAN_STREAM]).generate_state(1)[0]))
+        return vectors.gaussian(honest, s.std, gen)
+
+
+class LabelFlippedData:
+    """Federated data whose attackers of the round train on flipped labels y <- C - 1 - y (tabular data)."""
+
+    is_attack_wrapper = True
+
+    def __init__(self, base: Any, transform: ByzantineRound):
+        if not (dataclasses.is_dataclass(base) and hasattr(base, "y")):
+            raise ConfigError(f"attack.byzantine.kind=label_flip needs class labels of a tabular dataset, not "
+                              f"{type(base).__name__}; for detection use attack=poisoning (drop or relabel the "
+                              "target group's boxes)")
+        self.base, self.transform, self.round_idx = base, transform, 0
+        self.flipped = dataclasses.replace(base, y=(base.num_classes - 1) - base.y)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # not set yet (e.g. during unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def set_round(self, round_idx: int) -> None:
+        self.round_idx = int(round_idx)
+
+    def train_loader(self, client_id: int, seed: int):
+        if client_id in self.transform.attackers(self.round_idx):
+            return self.flipped.train_loader(client_id, seed)
+        return self.base.train_loader(client_id, seed)
