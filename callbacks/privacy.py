@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.attacks.aia import used_ground_truth_fallback
 from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
 from resfl_lightning.attacks.privacy import PrivacyPlan, plan_privacy_attacks, privacy_attacks, weather_privacy_metrics
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
@@ -48,6 +51,7 @@ class PrivacyAttacks:
                  aia: AiaSettings | None = None):
         self.seed, self.every, self.mia, self.aia = int(seed), every, mia, aia
         self.plan: PrivacyPlan | None = None
+        self.fallback_rounds: set[int] = set()  # attack rounds whose AIA probed ground-truth boxes, not matched ones
 
     @classmethod
     def shared(cls, run: AttackRun) -> PrivacyAttacks:
@@ -57,17 +61,47 @@ class PrivacyAttacks:
     def on_fit_start(self, federation, state) -> None:
         if federation.fabric.is_global_zero:
             self.plan = plan_privacy_attacks(federation, self.seed, self.mia, self.aia)
+            if state is not None:  # a resumed run counts the fallbacks its earlier attack rounds recorded
+                self.fallback_rounds = earlier_fallback_rounds(Path(federation.settings.run_dir), state.round_idx)
 
     def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
         if not federation.fabric.is_global_zero or not attack_due(round_idx, federation.settings.rounds, self.every):
             return
         results, details = privacy_attacks(self.plan, federation, model, round_idx)
+        if self.aia is not None and "aia" in details:
+            results.update(self._fallback_metrics(round_idx, details["aia"]))
         metrics.update(results)
         write_attack_file(federation, f"privacy_round_{round_idx:04d}", {"metrics": results, **details})
+
+    def _fallback_metrics(self, round_idx: int, aia: dict) -> dict[str, float]:
+        """attack/aia_gt_box_fallback (this round) and attack/aia_gt_box_fallbacks (attack rounds so far), with a
+        warning: the switch to ground-truth boxes is never silent."""
+        fell_back = used_ground_truth_fallback(self.aia.boxes, aia["source"])
+        if fell_back:
+            self.fallback_rounds.add(round_idx)
+            warnings.warn(f"AIA round {round_idx}: {aia['n_matched']} matched persons < attack.aia.min_matched="
+                          f"{self.aia.min_matched}; the probe used the ground-truth person boxes instead", stacklevel=2)
+        else:
+            self.fallback_rounds.discard(round_idx)
+        return {"attack/aia_gt_box_fallback": float(fell_back),
+                "attack/aia_gt_box_fallbacks": float(len(self.fallback_rounds))}
 
     def condition_metrics(self, federation, model, round_idx: int, seed: int) -> ExtraMetrics:
         """Per-condition privacy columns of the weather table (attacks.privacy.weather_privacy_metrics)."""
         return weather_privacy_metrics(self.plan, federation, model, round_idx, seed)
+
+
+def earlier_fallback_rounds(run_dir: Path, last_round: int) -> set[int]:
+    """Rounds <= last_round (a resumed run's checkpoint) whose attack file records an AIA ground-truth-box fallback."""
+    rounds = set()
+    for path in sorted((run_dir / "attacks").glob("privacy_round_*.json")):
+        match = re.fullmatch(r"privacy_round_(\d+)\.json", path.name)
+        if match is None or int(match.group(1)) > last_round:
+            continue
+        payload = json.loads(path.read_text())
+        if payload.get("metrics", {}).get("attack/aia_gt_box_fallback") == 1.0:
+            rounds.add(int(match.group(1)))
+    return rounds
 
 
 class MembershipInference(Attack):
@@ -97,7 +131,8 @@ class AttributeInference(Attack):
 
 
 class AttackScores:
-    """score/privacy = (MIA SR + AIA SR)/2 and score/fairness = (|1-DI| + Delta-EOP)/2 whenever their inputs exist.
+    """score/privacy = (MIA SR + AIA SR)/2 and score/fairness = (|1-DI| + Delta-EOP)/2 in every round that computed
+    their inputs: NaN when an input is undefined there (a final |1-DI| of n/a gives a final Fairness Score of n/a).
 
     Both SRs are balanced accuracies (RESFL A.4.1). AIA SR is the representation AIA's, or the update-aware AIA's
     when only that one ran (and applies: under IID shards it is NaN, and there is no score).
@@ -110,8 +145,11 @@ class AttackScores:
         # the representation AIA's SR, else the update-aware AIA's
         aia = next((metrics[k] for k in ("attack/aia_success_rate", "attack/update_aia_success_rate") if k in metrics),
                    None)
-        if _finite(mia) and _finite(aia):
-            metrics["score/privacy"] = privacy_score(mia, aia)
+        # Written (NaN when undefined) whenever their inputs were computed this round, so the run's summary never
+        # keeps the score of an earlier round for a final model whose score is undefined (callbacks/run_files.py).
+        if mia is not None or aia is not None:
+            metrics["score/privacy"] = privacy_score(mia, aia) if _finite(mia) and _finite(aia) else math.nan
         di, eop = metrics.get("test/abs_one_minus_di"), metrics.get("test/delta_eop")
-        if _finite(di) and _finite(eop):
-            metrics["score/fairness"] = fairness_score(1.0 - float(di), float(eop))
+        if di is not None or eop is not None:
+            metrics["score/fairness"] = (fairness_score(1.0 - float(di), float(eop)) if _finite(di) and _finite(eop)
+                                         else math.nan)

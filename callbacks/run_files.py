@@ -1,10 +1,19 @@
-"""Run-directory outputs (always written, whatever the logger): metrics.jsonl, summary.json; and the logger feed."""
+"""Run-directory outputs (always written, whatever the logger): metrics.jsonl, summary.json; and the logger feed.
+
+summary.json holds the final round's values only: a metric the final round did not compute, or computed as NaN, is
+null there with its reason under `missing_reasons`, never a value carried over from an earlier round (a Fairness
+Score of round 10 must not stand for a final model whose |1-DI| is undefined).
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+
+import numpy as np
+
+from resfl_lightning.metrics.statistics import majority_class_rate
 
 SUMMARY_PREFIXES = ("test/", "attack/", "score/", "weather/", "dp/")
 
@@ -20,6 +29,9 @@ class RunFiles:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.summary: dict[str, float] = {}
+        self.final: dict[str, float] = {}  # the summary metrics of the latest round logged
+        self.final_round: int | None = None
+        self.last_seen: dict[str, int] = {}  # summary metric -> the last round that logged it
 
     @property
     def metrics_path(self) -> Path:
@@ -51,14 +63,19 @@ class RunFiles:
             return
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
-        self.summary.update({k: v for k, v in metrics.items() if k.startswith(SUMMARY_PREFIXES)})
+        self.final = {k: v for k, v in metrics.items() if k.startswith(SUMMARY_PREFIXES)}
+        self.final_round = round_idx
+        self.last_seen.update({k: round_idx for k in self.final})
         self.summary["rounds_completed"] = round_idx + 1
 
     def on_fit_end(self, federation) -> None:
         if not federation.fabric.is_global_zero:
             return
-        timings = self._mean_timings()
-        self.summary.update(timings)
+        self.summary.update(final_summary(self.final, self.final_round, self.last_seen))
+        self.summary.update(self._mean_timings())
+        majority = classification_majority_rate(federation.data)
+        if majority is not None:
+            self.summary["test/majority_class_rate"] = majority
         (self.run_dir / "summary.json").write_text(json.dumps({k: _jsonable(v) for k, v in self.summary.items()},
                                                               indent=2, sort_keys=True))
         for logger in federation.fabric.loggers:
@@ -68,3 +85,33 @@ class RunFiles:
         rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
         keys = sorted({k for r in rows for k in r if k.startswith("time/")})
         return {f"mean_{k}": sum(r[k] for r in rows if k in r) / max(len(rows), 1) for k in keys}
+
+
+def final_summary(final: dict, final_round: int | None, last_seen: dict[str, int]) -> dict:
+    """The final round's metrics; a metric logged earlier but not in the final round, or NaN there, becomes None with
+    its reason in `missing_reasons` (metric -> reason)."""
+    out: dict = {}
+    reasons: dict[str, str] = {}
+    for key in sorted(last_seen):
+        if key in final:
+            v = final[key]
+            out[key] = v
+            if isinstance(v, float) and not math.isfinite(v):
+                reasons[key] = f"undefined ({v}) in the final round {final_round}"
+        else:
+            out[key] = None
+            reasons[key] = f"not computed in the final round {final_round} (last in round {last_seen[key]})"
+    out["missing_reasons"] = reasons
+    return out
+
+
+def classification_majority_rate(data) -> float | None:
+    """Accuracy of a constant prediction on a classification test split (the table's utility floor); None for other
+    tasks. Read from the label array, never through a loader (a loader's workers would draw from the torch RNG)."""
+    from resfl_lightning.attacks.targets import base_data
+
+    data = base_data(data)
+    if getattr(data, "task", None) != "classification" or not hasattr(data, "y") or not hasattr(data, "splits"):
+        return None
+    labels = np.asarray(data.y)[np.asarray(data.splits.test, dtype=np.int64)]
+    return majority_class_rate(labels) if labels.size else None

@@ -44,20 +44,34 @@ def finite(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
 
 
+def missing_reason(summary: dict, key: str) -> str:
+    """Why summary.json has no finite `key`: the reason the run recorded (callbacks/run_files.py), else absent/null."""
+    reasons = summary.get("missing_reasons")
+    if isinstance(reasons, dict) and key in reasons:
+        return f"{key} {reasons[key]}"
+    return f"no {key} in summary.json" if key not in summary else f"{key} undefined"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Column:
     """A column: its header, the name of its values in table.csv (`key`; for this class also the summary.json key
-    it reads), which direction is better, whether its paired difference to the baseline is reported, decimals."""
+    it reads), which direction is better, whether its paired difference to the baseline is reported, decimals, and
+    whether it is a fairness / privacy value that a run below the utility floor leaves uncompared (`gated`)."""
 
     header: str
     key: str
     lower_is_better: bool
     paired: bool = True
     decimals: int = 3
+    gated: bool = False
 
     def value(self, runs: SeedRuns) -> float | None:
         summary = runs.run["summary"]
         return finite(summary[self.key]) if self.key in summary else None
+
+    def why_missing(self, runs: SeedRuns) -> str:
+        """Why value(runs) is None, in a few words for the table's "n/a (reason)"."""
+        return missing_reason(runs.run["summary"], self.key)
 
     def attacks(self) -> tuple[str, ...]:
         """Attack groups whose runs this column reads besides the privacy run (trained with --robustness)."""
@@ -75,6 +89,10 @@ class Utility(Column):
             return mean_ap
         return finite(summary["test/accuracy"]) if "test/accuracy" in summary else None
 
+    def why_missing(self, runs: SeedRuns) -> str:
+        summary = runs.run["summary"]
+        return missing_reason(summary, "test/map" if "test/map" in summary else "test/accuracy")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyScore(Column):
@@ -83,13 +101,33 @@ class PrivacyScore(Column):
     def value(self, runs: SeedRuns) -> float | None:
         return run_privacy_score(runs.run)
 
+    def why_missing(self, runs: SeedRuns) -> str:
+        summary = runs.run["summary"]
+        keys = [k for k in ("attack/mia_success_rate", "attack/aia_balanced_accuracy")
+                if finite(summary.get(k)) is None]
+        return "; ".join(missing_reason(summary, k) for k in keys)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Fate(Column):
-    """FATE of the run against the baseline's run of the same seed (compare.compare_runs, fate_baseline)."""
+    """FATE against the baseline (CurvFed, at its printed 10x scale): a ratio of means over the seeds both methods
+    have (metrics/statistics.py::fate_over_seeds), so it has no per-seed value; `inputs` gives a run's (U, EO)."""
+
+    lambda_f: float = 1.0
 
     def value(self, runs: SeedRuns) -> float | None:
-        return compare_runs(runs.load(runs.baseline_dir), runs.run, fate_baseline=True)["metrics"]["fate"]["value"]
+        return None
+
+    def why_missing(self, runs: SeedRuns) -> str:
+        return "FATE is a ratio of means over seeds"
+
+    def inputs(self, runs: SeedRuns) -> tuple[float | None, float | None]:
+        """(utility, EO) of the run: accuracy (else mAP@50-95) and the EO gap (else ΔEOP), as compare.py reads them."""
+        summary = runs.run["summary"]
+        utility = finite(summary.get("test/accuracy"))
+        utility = utility if utility is not None else finite(summary.get("test/map"))
+        eo = finite(summary.get("test/eo_gap"))
+        return utility, eo if eo is not None else finite(summary.get("test/delta_eop"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +141,12 @@ class AttackedChange(Column):
         if self.attack not in runs.attacked:
             return None
         return compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]["value"]
+
+    def why_missing(self, runs: SeedRuns) -> str:
+        if self.attack not in runs.attacked:
+            return f"no finished {self.attack} run (--robustness)"
+        entry = compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]
+        return str(entry.get("reason", f"{self.key} undefined"))
 
     def attacks(self) -> tuple[str, ...]:
         return (self.attack,)

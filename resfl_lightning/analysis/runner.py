@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import runpy
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ from pathlib import Path
 PRELOAD = ("resfl_lightning.cli.train", "resfl_lightning.builders", "callbacks", "ultralytics.nn.tasks",
            "ultralytics.utils.loss", "opacus", "sklearn.linear_model", "scipy.stats")
 LAUNCH_ENV = "RESFL_TABLE_LAUNCH"
+ENTRY_MODULE = "resfl_lightning.train"  # run, not imported: the launcher executes the command as a user would
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -31,12 +33,13 @@ def is_finished(run_dir: Path) -> bool:
 
 def train_command(overrides: list[str]) -> list[str]:
     """The equivalent command line of one run (what a user would type to repeat it; recorded beside the run)."""
-    return [sys.executable, "-m", "resfl_lightning.train", *overrides]
+    return [sys.executable, "-m", ENTRY_MODULE, *overrides]
 
 
 def _train_child(overrides: list[str], log_path: str) -> None:
-    """In the forked child: stdout and stderr into the run's log, then `resfl train` with these overrides; the
-    process's exit code is the run's (a Python exception: 1 with its traceback in the log)."""
+    """In the forked child: stdout and stderr into the run's log, then the entry module run as `__main__`, exactly
+    as `python -m resfl_lightning.train <overrides>` runs it; the process's exit code is the run's (a Python
+    exception: 1 with its traceback in the log)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -44,10 +47,8 @@ def _train_child(overrides: list[str], log_path: str) -> None:
     os.dup2(fd, 2)
     code = 0
     try:
-        from resfl_lightning.cli.train import main
-
-        sys.argv = [str(Path(sys.modules["resfl_lightning.cli.train"].__file__).with_name("train.py"))]
-        main(overrides)
+        sys.argv = ["-m", *overrides]  # what `python -m resfl_lightning.train ...` sees; run_module sets argv[0]
+        runpy.run_module(ENTRY_MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except BaseException:  # noqa: BLE001  (anything a run raises is that run's failure, written to its log)

@@ -3,30 +3,46 @@ intervals. The methods are the presets of conf/algorithm/ (each sets its row pos
 come from conf/table/columns.yaml (columns.py).
 
 Runs are resumable: a run whose summary.json exists is skipped, once its saved config is checked to be what its
-command composes to now. `--jobs N` trains N runs at once (one process each, one thread per process); a run that
-fails does not stop the others: the table is written once every run finished, and a re-invocation retries the
-failed ones. Every method gets the same dataset, scenario, model, schedule, horizon and overrides; only its
-`algorithm=` preset differs. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png (a W&B Table with --wandb, and a
-results file with its provenance with --results).
+command composes to now. `--jobs N` trains N runs at once (one process each, forked from a process that imported
+the libraries once: analysis/runner.py; one thread per process); a run that fails does not stop the others: the
+table is written once every run finished, showing the failed runs as failed, and a re-invocation retries them.
+The statistics (common seeds, utility floor, Student-t intervals, Holm / BH, power, FATE, verdicts) are in
+analysis/statistics.py with their settings in conf/table/statistics.yaml and claims.yaml. Every method gets the same
+dataset, scenario, model, schedule, horizon and overrides; only its `algorithm=` preset differs. Writes
+DIR/table.md, DIR/table.csv, DIR/pareto.png (a W&B Table with --wandb, and a results file with its provenance with
+--results).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
+import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.columns import Column, SeedRuns, load_columns, load_mechanism_columns
+from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
 from resfl_lightning.analysis.run_settings import finished_run_mismatch
-from resfl_lightning.metrics.intervals import Interval, bootstrap_interval, paired_difference
+from resfl_lightning.analysis.runner import is_finished, run_jobs
+from resfl_lightning.analysis.statistics import (
+    Cell,
+    Claim,
+    SeedRecord,
+    StatisticsSettings,
+    failed_record,
+    family_sizes,
+    load_claims,
+    load_statistics,
+    power_lines,
+    summarise,
+    verdict_lines,
+)
+from resfl_lightning.metrics.intervals import Interval
 from resfl_lightning.metrics.mechanism import run_mechanism
+from resfl_lightning.metrics.statistics import below_utility_floor
 from resfl_lightning.resources import conf_dir
 
 BASELINE = "fedavg"  # every paired difference and FATE is taken against this method's run of the same seed
@@ -82,16 +98,6 @@ def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir
             f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
 
 
-def train_command(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
-                  overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "resfl_lightning.train",
-            *train_overrides(dataset, scenario, method, seed, run_dir, attack, overrides)]
-
-
-def is_finished(run_dir: Path) -> bool:
-    return (run_dir / "summary.json").is_file() and (run_dir / "table_wall_s.json").is_file()
-
-
 def stale_runs(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenario: str,
                overrides: list[str]) -> list[str]:
     """Finished runs (which the table would skip) whose saved config differs from what their command composes to
@@ -108,68 +114,143 @@ def stale_runs(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenar
     return stale
 
 
-def run_one(cmd: list[str], run_dir: Path) -> float:
-    """Train one run unless it already finished; returns its wall time (stored beside the run)."""
-    timing = run_dir / "table_wall_s.json"
-    if is_finished(run_dir):
-        return float(json.loads(timing.read_text())["wall_s"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with (run_dir / "table_train.log").open("w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"run {run_dir} failed ({proc.returncode}); see {run_dir / 'table_train.log'}")
-    timing.write_text(json.dumps({"wall_s": wall, "command": cmd}))
-    return wall
+def seed_runs(out: Path, method: str, seed: int, attacks: list[str]) -> SeedRuns:
+    """The run directories of one (method, seed); attacked runs only when they finished."""
+    attacked = {a: run_dir_for(out, method, seed, a) for a in attacks if a != "privacy"}
+    return SeedRuns(run_dir=run_dir_for(out, method, seed), baseline_dir=run_dir_for(out, BASELINE, seed),
+                    attacked={a: d for a, d in attacked.items() if (d / "summary.json").is_file()})
 
 
 def seed_metrics(out: Path, method: str, seed: int, columns: list[Column],
                  attacks: list[str]) -> dict[str, float | None]:
-    """Every table column for one finished (method, seed), the paired-with-FedAvg ones included."""
-    runs = SeedRuns(run_dir=run_dir_for(out, method, seed), baseline_dir=run_dir_for(out, BASELINE, seed),
-                    attacked={a: run_dir_for(out, method, seed, a) for a in attacks if a != "privacy"})
+    """Every table column for one finished (method, seed)."""
+    runs = seed_runs(out, method, seed, attacks)
     return {c.key: c.value(runs) for c in columns}
 
 
-def summarise(per_seed: dict[str, dict[int, dict]],
-              columns: list[Column]) -> dict[str, dict[str, tuple[Interval, Interval | None]]]:
-    """method -> column -> (interval over seeds, interval of the paired difference to FedAvg or None)."""
-    out = {}
-    base = per_seed[BASELINE] if BASELINE in per_seed else {}
-    for method, seeds in per_seed.items():
-        cols = {}
+def seed_record(out: Path, method: str, seed: int, columns: list[Column], attacks: list[str],
+                settings: StatisticsSettings) -> SeedRecord:
+    """One (method, seed) for the table: each column's value or why it has none, the utility floor, FATE's inputs;
+    a run without summary.json is a failed run (its failure is shown, never averaged away)."""
+    rd = run_dir_for(out, method, seed)
+    if not (rd / "summary.json").is_file():
+        return failed_record(f"{rd.name} did not finish (see {rd / 'table_train.log'})")
+    runs = seed_runs(out, method, seed, attacks)
+    record = SeedRecord()
+    for c in columns:
+        record.values[c.key] = c.value(runs)
+        if record.values[c.key] is None:
+            record.reasons[c.key] = c.why_missing(runs)
+        if isinstance(c, Fate):
+            record.fate_inputs = c.inputs(runs)
+    summary = runs.run["summary"]
+    record.floor = below_utility_floor(summary, settings.map50_floor)
+    record.aia_fallback = summary.get("attack/aia_gt_box_fallback") == 1.0
+    return record
+
+
+def _interval_text(iv: Interval, decimals: int, planned: int) -> str:
+    text = iv.fmt(decimals)
+    return text if iv.n >= planned else f"{text} (n={iv.n}/{planned})"
+
+
+def cell_text(cell: Cell, column: Column) -> str:
+    """A cell of the main table: mean ± std [95 % t-interval], n when below the seeds run, n/a with its reason,
+    (values) of runs below the utility floor, bold when the paired difference survives its correction."""
+    if isinstance(column, Fate):
+        return fate_text(cell)
+    if cell.interval.n == 0:
+        if cell.greyed is not None:
+            return f"({cell.greyed.fmt(column.decimals)}) did not learn"
+        if cell.failed == cell.planned:
+            return "failed"
+        return f"n/a ({cell.reason or 'no value'})"
+    text = _interval_text(cell.interval, column.decimals, cell.planned)
+    return f"**{text}**" if cell.survives else text
+
+
+def fate_text(cell: Cell) -> str:
+    fate = cell.fate
+    if fate is None:
+        return "—"  # the baseline against itself
+    if fate.n == 0:
+        return "n/a (no common seed where both runs learned)"
+    if math.isnan(fate.value):
+        return "n/a (the baseline's mean EO or utility is 0)"
+    if fate.n < 2:
+        return f"{fate.value:+.3f} (n=1)"
+    text = f"{fate.value:+.3f} [{fate.low:+.3f}, {fate.high:+.3f}]"
+    return text if fate.n >= cell.planned else f"{text} (n={fate.n}/{cell.planned})"
+
+
+def difference_text(cell: Cell) -> str:
+    """A paired difference to the baseline: mean [95 % t-interval], its adjusted p (Holm or BH), bold if it survives."""
+    diff = cell.diff
+    if diff is None or diff.n < 2:
+        return "n/a" if diff is None else f"n/a (n={diff.n})"
+    text = f"{diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
+    if cell.family is not None:
+        text += f" {'p_Holm' if cell.family == 'primary' else 'q_BH'}={cell.p_adjusted:.3g}"
+    if diff.n < cell.planned:
+        text += f" (n={diff.n})"
+    return f"**{text}**" if cell.survives else text
+
+
+def legend_lines(cells: dict[str, dict[str, Cell]], columns: list[Column], settings: StatisticsSettings) -> list[str]:
+    sizes = family_sizes(cells)
+    tested = {k for k, cell in cells.get(settings.primary_method, {}).items() if cell.family == "primary"}
+    primary = [c.header for c in columns if c.key in settings.primary_columns and (c.key in tested or not tested)]
+    pct = round(100 * settings.confidence)
+    return ["", f"mean ± std [{pct} % Student-t interval of the mean over seeds]; (n=k/N): k of the N seeds the "
+            "method ran on have a value; n/a (reason): no seed has one; (values) did not learn: every run with a value "
+            f"is below the utility floor (detection mAP@50 < {settings.map50_floor}, classification accuracy ≤ the "
+            "test split's majority-class rate) and its fairness / privacy values are not compared. Paired "
+            f"differences to {settings.baseline} use the seeds where both runs have a value (and learned). "
+            f"**Bold**: the paired difference survives its correction at α = {settings.alpha}: Holm over the primary "
+            f"family ({settings.primary_method} − {settings.baseline} on {', '.join(primary)}: "
+            f"{sizes.get('primary', 0)} tests), Benjamini–Hochberg over every other paired cell (exploratory: "
+            f"{sizes.get('exploratory', 0)} tests). FATE (CurvFed, at its printed 10× scale) is a ratio of means "
+            f"over the common seeds with a delta-method {pct} % interval. ↓ lower is better, ↑ higher is better.", ""]
+
+
+def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column]) -> list[str]:
+    """Per method: failed runs, runs below the utility floor, seeds without a value, AIA ground-truth-box fallbacks."""
+    lines = []
+    for method, seeds in records.items():
+        failed = {s: r.failed for s, r in seeds.items() if r.failed is not None}
+        below = {s: r.floor for s, r in seeds.items() if r.failed is None and r.floor is not None}
+        fallback = [s for s, r in seeds.items() if r.failed is None and r.aia_fallback]
+        for s, why in failed.items():
+            lines.append(f"- {method}, seed {s}: failed: {why}")
+        for s, why in below.items():
+            lines.append(f"- {method}, seed {s}: did not learn ({why})")
+        if fallback:
+            lines.append(f"- {method}, seeds {fallback}: the final AIA matched too few persons and probed the "
+                         "ground-truth person boxes instead (attack.aia.min_matched)")
         for c in columns:
-            values = {s: r[c.key] for s, r in seeds.items() if r[c.key] is not None}
-            diff = None
-            if method != BASELINE and c.paired:
-                diff = paired_difference(values, {s: r[c.key] for s, r in base.items() if r[c.key] is not None})
-            cols[c.key] = (bootstrap_interval(values.values()), diff)
-        out[method] = cols
-    return out
+            missing: dict[str, list[int]] = {}
+            for s, r in seeds.items():
+                if r.failed is None and r.values.get(c.key) is None and not isinstance(c, Fate):
+                    missing.setdefault(r.reasons.get(c.key, "no value"), []).append(s)
+            if missing and len(missing[next(iter(missing))]) < len(seeds):
+                for why, which in missing.items():
+                    lines.append(f"- {method}, {c.header}, seeds {which}: n/a ({why})")
+    return ["", "Notes:", "", *lines] if lines else []
 
 
-def write_outputs(out: Path, summary: dict, header: str, columns: list[Column]) -> None:
-    lines = [header, "",
-             "mean ± std [95% bootstrap interval over seeds]; **bold**: the difference to FedAvg, paired by seed, "
-             "has a 95% Student-t interval that excludes 0 (↓ lower is better, ↑ higher is better).", "",
+def write_outputs(out: Path, cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, SeedRecord]],
+                  header: str, columns: list[Column], settings: StatisticsSettings, claims: list[Claim]) -> None:
+    lines = [header, *legend_lines(cells, columns, settings),
              "| method | " + " | ".join(f"{c.header} {'↓' if c.lower_is_better else '↑'}" for c in columns) + " |",
              "| --- |" + " ---: |" * len(columns)]
     rows = []
-    for method, cols in summary.items():
-        cells = []
-        for c in columns:
-            iv, diff = cols[c.key]
-            text = iv.fmt(c.decimals)
-            cells.append(f"**{text}**" if diff is not None and diff.excludes_zero else text)
-            rows.append({"method": method, "metric": c.key, "mean": iv.mean, "std": iv.std, "ci_low": iv.low,
-                         "ci_high": iv.high, "n_seeds": iv.n,
-                         "diff_vs_fedavg": None if diff is None else diff.mean,
-                         "diff_ci_low": None if diff is None else diff.low,
-                         "diff_ci_high": None if diff is None else diff.high,
-                         "diff_excludes_zero": None if diff is None else diff.excludes_zero})
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += difference_lines(summary, columns)
+    for method, row in cells.items():
+        lines.append(f"| {method} | " + " | ".join(cell_text(row[c.key], c) for c in columns) + " |")
+        rows += [csv_row(method, c, row[c.key]) for c in columns]
+    lines += note_lines(records, columns)
+    lines += difference_lines(cells, columns, settings)
+    lines += power_lines(cells, columns, settings)
+    lines += verdict_lines(records, cells, columns, claims, settings)
     (out / "table.md").write_text("\n".join(lines) + "\n")
     with (out / "table.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -177,23 +258,39 @@ def write_outputs(out: Path, summary: dict, header: str, columns: list[Column]) 
         writer.writerows(rows)
     from resfl_lightning.evaluation.pareto import plot_pareto
 
-    plot_pareto(summary, out / "pareto.png", title=header.lstrip("# ").split(" (")[0])  # no timing in the figure
+    pareto = {m: {k: (cell.interval, cell.diff) for k, cell in row.items()} for m, row in cells.items()}
+    plot_pareto(pareto, out / "pareto.png", title=header.lstrip("# ").split(" (")[0])  # no timing in the figure
 
 
-def difference_lines(summary: dict, columns: list[Column]) -> list[str]:
-    """The paired differences to FedAvg with their t-intervals, one row per method, bold where 0 is excluded."""
+def csv_row(method: str, column: Column, cell: Cell) -> dict:
+    iv, diff, fate = cell.interval, cell.diff, cell.fate
+    if fate is not None:  # FATE's value and interval stand in the value columns
+        iv = Interval(fate.value, math.nan, fate.low, fate.high, fate.n)
+    return {"method": method, "metric": column.key, "mean": iv.mean, "std": iv.std, "ci_low": iv.low,
+            "ci_high": iv.high, "n_seeds": iv.n, "seeds_run": cell.planned, "failed": cell.failed,
+            "did_not_learn": cell.not_learned, "na_reason": cell.reason,
+            "diff_vs_fedavg": None if diff is None else diff.mean,
+            "diff_ci_low": None if diff is None else diff.low, "diff_ci_high": None if diff is None else diff.high,
+            "diff_n": None if diff is None else diff.n, "p": None if diff is None else diff.p,
+            "family": cell.family, "p_adjusted": None if cell.family is None else cell.p_adjusted,
+            "survives_correction": cell.survives if cell.family is not None else None}
+
+
+def difference_lines(cells: dict[str, dict[str, Cell]], columns: list[Column],
+                     settings: StatisticsSettings) -> list[str]:
+    """The paired differences to the baseline with their t-intervals and adjusted p, one row per method."""
     keys = [(c.header, c.key) for c in columns if c.paired]
-    lines = ["", "Difference to FedAvg, paired by seed: mean [95% Student-t interval over seeds].", "",
-             "| method − FedAvg | " + " | ".join(h for h, _ in keys) + " |", "| --- |" + " ---: |" * len(keys)]
-    for method, cols in summary.items():
-        if method == BASELINE:
+    pct = round(100 * settings.confidence)
+    lines = ["", f"Difference to {settings.baseline}, paired by seed: mean [{pct} % Student-t interval], then the "
+             "p-value adjusted within its family (p_Holm: primary family, Holm; q_BH: exploratory, Benjamini–"
+             "Hochberg over the table); (n=k): seeds with both values when fewer than the method ran on. **Bold**: "
+             f"survives its correction at α = {settings.alpha}.", "",
+             f"| method − {settings.baseline} | " + " | ".join(h for h, _ in keys) + " |",
+             "| --- |" + " ---: |" * len(keys)]
+    for method, row in cells.items():
+        if method == settings.baseline:
             continue
-        cells = []
-        for _, key in keys:
-            diff = cols[key][1]
-            text = "n/a" if diff is None or diff.n < 2 else f"{diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
-            cells.append(f"**{text}**" if diff is not None and diff.excludes_zero else text)
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append(f"| {method} | " + " | ".join(difference_text(row[key]) for _, key in keys) + " |")
     return lines
 
 
@@ -209,8 +306,10 @@ def quality_skewed_clients(config: dict) -> list[int] | None:
     return skewed_clients(int(dataset["num_clients"]), float(qs["client_fraction"]), int(config["seed"]))
 
 
-def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
-    """The mechanism table appended to table.md: medians / means over each run's rounds, then over seeds."""
+def mechanism_lines(out: Path, seed_sets: dict[str, list[int]],
+                    records: dict[str, dict[int, SeedRecord]] | None = None) -> list[str]:
+    """The mechanism table appended to table.md: medians / means over each run's rounds, then over seeds (each
+    method over its own seeds; failed runs left out)."""
     from resfl_lightning.analysis.report import load_run as load_rounds  # metrics.jsonl rows, errors naming file, line
 
     mechanism_columns = load_mechanism_columns()
@@ -223,8 +322,9 @@ def mechanism_lines(out: Path, methods: list[str], seeds: int) -> list[str]:
              "weight of a degraded and of a clean client over the rounds in which raw UFM differed.", "",
              "| method | " + " | ".join(h for h, _ in mechanism_columns) + " |",
              "| --- |" + " ---: |" * len(mechanism_columns)]
-    for method in methods:
-        runs = [load_rounds(run_dir_for(out, method, seed)) for seed in range(seeds)]
+    for method, seeds in seed_sets.items():
+        done = [s for s in seeds if records is None or records[method][s].failed is None]
+        runs = [load_rounds(run_dir_for(out, method, seed)) for seed in done]
         per_seed = [run_mechanism(r.rows, quality_skewed_clients(r.config)) for r in runs]
         cells = []
         for _, key in mechanism_columns:
@@ -247,43 +347,62 @@ def log_wandb_table(out: Path, project: str) -> None:
 
 
 def default_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
-    """runs/table-<dataset>-<scenario>, plus the dataset.* overrides (Adult's race and sex tables stay apart)."""
-    tags = [o.split("=", 1)[1] for o in overrides
-            if o.startswith("dataset.") and "=" in o and not o.startswith("dataset.root=")]
+    """runs/table-<dataset>-<scenario>, plus the dataset.* overrides (Adult's race and sex tables stay apart) whose
+    values are not paths (dataset.root, dataset.path: a folder name cannot hold them)."""
+    tags = [o.split("=", 1)[1] for o in overrides if o.startswith("dataset.") and "=" in o]
+    tags = [t for t in tags if "/" not in t and "\\" not in t]
     return Path("runs") / "-".join(["table", dataset, scenario, *tags])
 
 
 def run_all(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenario: str, overrides: list[str],
             workers: int) -> list[str]:
-    """Train every (method, seed, attack) not finished yet, `workers` at a time; returns the failures' messages."""
-    failures: list[str] = []
-    done = 0
-
-    def one(job):
-        m, s, a = job
-        rd = run_dir_for(out, m, s, a)
-        return rd, run_one(train_command(dataset, scenario, m, s, rd, a, overrides), rd)
-
-    total = len(jobs)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(one, job) for job in jobs]
-        for fut in futures:
-            done += 1
-            try:
-                rd, wall = fut.result()
-                print(f"[{done}/{total}] {rd.name}: {wall:.0f} s", flush=True)
-            except RuntimeError as err:  # one failed run never ends the table
-                failures.append(str(err))
-                print(f"[{done}/{total}] FAILED: {err}", flush=True)
-    return failures
+    """Train every (method, seed, attack) not finished yet, `workers` at a time (analysis/runner.py); returns the
+    failures' messages."""
+    return run_jobs([(run_dir_for(out, m, s, a),
+                      train_overrides(dataset, scenario, m, s, run_dir_for(out, m, s, a), a, overrides))
+                     for m, s, a in jobs], workers)
 
 
-def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: int, robustness: bool, jobs: int,
-               out: Path | None, overrides: list[str], wandb: bool = False, results: Path | None = None,
-               command: str = "resfl table") -> Path:
-    """Train what is missing, write DIR/table.md, table.csv, pareto.png (and the results file); returns DIR."""
+def table_seeds(dataset: str, seeds: int | None, primary_seeds: int | None,
+                settings: StatisticsSettings) -> tuple[int, int]:
+    """(seeds of every method, seeds of the primary methods): the flags, else conf/table/statistics.yaml's defaults
+    for the dataset; --seeds alone gives the primary methods as many."""
+    default_seeds, default_primary = settings.default_seeds(dataset)
+    n = default_seeds if seeds is None else seeds
+    primary = primary_seeds if primary_seeds is not None else (default_primary if seeds is None else n)
+    if n < 1:
+        raise TableError(f"--seeds must be >= 1, got {n}")
+    if primary < n:
+        raise TableError(f"--primary-seeds ({primary}) must be >= --seeds ({n}): the primary methods run on more "
+                         "seeds than the rest, never fewer")
+    return n, primary
+
+
+def method_seeds(methods: list[str], seeds: int, primary_seeds: int,
+                 settings: StatisticsSettings) -> dict[str, list[int]]:
+    """method -> the seeds it runs on: 0..primary_seeds-1 for the primary methods, 0..seeds-1 for the others."""
+    return {m: list(range(primary_seeds if m in settings.primary_methods else seeds)) for m in methods}
+
+
+def table_runs(seed_sets: dict[str, list[int]], attacks: list[str]) -> list[tuple[str, int, str]]:
+    """Every (method, seed, attack) to train, seed by seed (the first seeds of every method finish first)."""
+    last = max(max(s, default=-1) for s in seed_sets.values())
+    return [(m, s, a) for s in range(last + 1) for m, ss in seed_sets.items() if s in ss for a in attacks]
+
+
+def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: int | None, robustness: bool,
+               jobs: int, out: Path | None, overrides: list[str], wandb: bool = False, results: Path | None = None,
+               command: str = "resfl table", primary_seeds: int | None = None) -> Path:
+    """Train what is missing, write DIR/table.md, table.csv, pareto.png (and the results file); returns DIR.
+
+    A failed run does not stop the table: it is written with the failure shown, then TableError names the failures
+    (a re-invocation retries them)."""
     from resfl_lightning.analysis.provenance import write_results
 
+    settings, claims = load_statistics(), load_claims()
+    if settings.baseline != BASELINE:
+        raise TableError(f"conf/table/statistics.yaml: baseline {settings.baseline!r}: the table's run directories "
+                         f"pair every method with {BASELINE!r}")
     presets = algorithm_presets()
     methods = presets if methods is None else methods
     unknown = [m for m in methods if m not in presets]
@@ -293,33 +412,38 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
         methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
     if jobs < 1:
         raise TableError(f"--jobs must be >= 1, got {jobs}")
+    n_seeds, n_primary = table_seeds(dataset, seeds, primary_seeds, settings)
+    seed_sets = method_seeds(methods, n_seeds, n_primary, settings)
     columns = load_columns()
     out = out or default_out(dataset, scenario, overrides)
     out.mkdir(parents=True, exist_ok=True)
     attacks = ["privacy", *(dict.fromkeys(a for c in columns for a in c.attacks()) if robustness else ())]
     t0 = time.perf_counter()
-    runs = [(m, s, a) for s in range(seeds) for m in methods for a in attacks]
+    runs = table_runs(seed_sets, attacks)
     stale = stale_runs(runs, out, dataset, scenario, overrides)
     if stale:
         raise TableError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                          "gives them (older table preset or other ARGS); a table mixing them would compare unlike "
                          "runs. Move them away or pass --out DIR:\n" + "\n".join(stale))
     failures = run_all(runs, out, dataset, scenario, overrides, jobs)
-    if failures:
-        raise TableError(f"{len(failures)} of {len(runs)} runs failed (re-run the same command to retry them):\n"
-                         + "\n".join(failures))
-    per_seed = {m: {s: seed_metrics(out, m, s, columns, attacks) for s in range(seeds)} for m in methods}
+    records = {m: {s: seed_record(out, m, s, columns, attacks, settings) for s in ss} for m, ss in seed_sets.items()}
+    cells = summarise(records, columns, settings)
     total = time.perf_counter() - t0
-    run_walls = sum(json.loads((run_dir_for(out, m, s, a) / "table_wall_s.json").read_text())["wall_s"]
-                    for m, s, a in runs)
-    header = (f"# {dataset}, scenario {scenario}: {len(methods)} methods x {seeds} seeds "
+    walls = [run_dir_for(out, m, s, a) / "table_wall_s.json" for m, s, a in runs]
+    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    more = [m for m in methods if len(seed_sets[m]) > n_seeds]
+    seeds_text = f"{n_seeds} seeds" + (f" ({n_primary} seeds for {', '.join(more)})" if more else "")
+    header = (f"# {dataset}, scenario {scenario}: {len(methods)} methods x {seeds_text} "
               f"({len(runs)} runs; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall "
               f"times sum to {run_walls:.0f} s)")
-    write_outputs(out, summarise(per_seed, columns), header, columns)
+    write_outputs(out, cells, records, header, columns, settings, claims)
     with (out / "table.md").open("a") as fh:
-        fh.write("\n".join(mechanism_lines(out, methods, seeds)) + "\n")
+        fh.write("\n".join(mechanism_lines(out, seed_sets, records)) + "\n")
     if wandb:
         log_wandb_table(out, project="resfl-lightning")
     if results is not None:
         write_results(results, (out / "table.md").read_text(), command, wall_s=total, runs_wall_s=run_walls)
+    if failures:
+        raise TableError(f"{len(failures)} of {len(runs)} runs failed (the table in {out} shows them as failed; "
+                         "re-run the same command to retry them):\n" + "\n".join(failures))
     return out

@@ -213,6 +213,13 @@ def train_test_attribute_probe(
             "y_pred": y_pred}
 
 
+def used_ground_truth_fallback(boxes: str, source: str) -> bool:
+    """True when the representation AIA was asked for matched boxes (attack.aia.boxes=matched) but probed the
+    ground-truth person boxes instead, because fewer than attack.aia.min_matched persons were matched
+    (attacks/outputs.py::representation_features): its score then measures the features, not what the model finds."""
+    return boxes == "matched" and source == "ground_truth"
+
+
 def aia_success_rate(result: dict[str, Any]) -> float:
     """AIA SR entering the Privacy Score (docs/method.md §6, RESFL A.4.1): the probe's balanced test accuracy."""
     return float(result["balanced_accuracy"])

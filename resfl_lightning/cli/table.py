@@ -1,5 +1,6 @@
 """`resfl table`: every method (each preset of conf/algorithm/) x seed on one dataset and scenario, then the
-comparison table with intervals (resfl_lightning/analysis/table.py; columns: conf/table/columns.yaml).
+comparison table with Student-t intervals, corrected paired tests, power and verdicts on the papers' claims
+(resfl_lightning/analysis/table.py; conf/table/: columns.yaml, statistics.yaml, claims.yaml).
 
 Runs are resumable: a finished run is skipped once its saved config is checked to be what its command composes to
 now; a failed run does not stop the others. Writes DIR/table.md, DIR/table.csv, DIR/pareto.png; with --results PATH
@@ -23,7 +24,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scenario", default="iid")
     p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: "
                    "all; fedavg, the baseline, is always added)")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds of every method (default: conf/table/statistics.yaml's `seeds` for the dataset)")
+    p.add_argument("--primary-seeds", type=int, default=None,
+                   help="seeds of the primary methods (the baseline and the primary method of "
+                   "conf/table/statistics.yaml), >= --seeds (default: the config's, or --seeds when that is given)")
     p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="runs trained at once, each one process (default: one per CPU core)")
@@ -46,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = make_table(args.dataset, args.scenario, methods, args.seeds, args.robustness, args.jobs, args.out,
                          list(args.overrides), wandb=args.wandb, results=args.results,
-                         command=shlex.join(["resfl", "table", *argv]))
+                         command=shlex.join(["resfl", "table", *argv]), primary_seeds=args.primary_seeds)
     except TableError as err:
         raise SystemExit(str(err)) from None
     print((out / "table.md").read_text())

@@ -1,15 +1,18 @@
-"""FATE (CurvFed, docs/method.md §6): accuracy gain plus weighted EO-gap reduction, both relative to a FedAvg
-baseline."""
+"""FATE (CurvFed Eq. 2, docs/method.md §6) at the 10x scale CurvFed prints: accuracy gain plus weighted EO-gap
+reduction, both relative to a FedAvg baseline. Over seeds the table takes it as a ratio of means
+(metrics/statistics.py::fate_over_seeds); this is one pair of runs."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["fate"]
+from resfl_lightning.metrics.statistics import FATE_SCALE
+
+__all__ = ["FATE_SCALE", "fate"]
 
 
 def fate(acc_f: float, acc_b: float, eo_f: float, eo_b: float, lambda_f: float = 1.0) -> float:
-    """FATE = (ACC_f - ACC_b)/ACC_b + lambda_F * (EO_b - EO_f)/EO_b; higher is better.
+    """FATE = 10·[(ACC_f - ACC_b)/ACC_b + lambda_F (EO_b - EO_f)/EO_b]; higher is better.
 
     _f is the fair method, _b the FedAvg baseline on the same seed and data.
     """
@@ -23,4 +26,4 @@ def fate(acc_f: float, acc_b: float, eo_f: float, eo_b: float, lambda_f: float =
         raise ValueError("acc_b (baseline accuracy) is 0: FATE's relative accuracy gain is undefined")
     if eo_b == 0:
         raise ValueError("eo_b (baseline EO gap) is 0: FATE's relative EO reduction is undefined")
-    return (acc_f - acc_b) / acc_b + lambda_f * (eo_b - eo_f) / eo_b
+    return FATE_SCALE * ((acc_f - acc_b) / acc_b + lambda_f * (eo_b - eo_f) / eo_b)

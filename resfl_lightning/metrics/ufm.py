@@ -150,21 +150,23 @@ def ufm_bootstrap_se(units: Sequence[Mapping[int, float]], resamples: int = 200,
     held = np.zeros((len(units), len(groups)))
     for i, u in enumerate(units):
         for g, v in u.items():
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"unit {i}: evidence of group {g} must be finite and >= 0, got {v}")
+            if not math.isfinite(v):
+                raise ValueError(f"unit {i}: evidence of group {g} must be finite, got {v}")
             value[i, column[int(g)]], held[i, column[int(g)]] = float(v), 1.0
     rng = np.random.default_rng(seed)
     picks = np.stack([rng.integers(0, len(units), len(units)) for _ in range(resamples)])  # (R, U)
     counts = np.stack([np.bincount(row, minlength=len(units)) for row in picks]).astype(float)  # (R, U)
     n_held = counts @ held  # (R, G): units of each group in each resample
     present = n_held > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        abar = np.maximum((counts @ value) / n_held, evidence_floor)
-        inv = np.where(present, 1.0 / abar, np.nan)
-    keep = present.sum(axis=1) >= 2
+    keep = present.sum(axis=1) >= 2  # as the loop, a resample with one group is skipped
     if keep.sum() < 2:
         return math.nan
-    inv = inv[keep]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (counts[keep] @ value) / n_held[keep]
+    present = present[keep]
+    if (means[present] < 0).any():  # as ufm_from_group_evidence refuses a negative group mean
+        raise ValueError(f"a resample's mean evidence is negative ({means[present].min()}); evidence must be >= 0")
+    inv = np.where(present, 1.0 / np.maximum(np.where(present, means, 1.0), evidence_floor), np.nan)
     spread = np.nanmax(inv, axis=1) - np.nanmin(inv, axis=1)
     return float(np.std(spread / (np.nanmean(inv, axis=1) + eps), ddof=1))
 

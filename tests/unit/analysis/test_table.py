@@ -1,4 +1,5 @@
-"""`make table`: intervals over seeds (scipy's bootstrap, pairing by seed) and the runner end to end on Adult."""
+"""`resfl table`: intervals over seeds (Student-t, pairing by seed) and the runner end to end on Adult. The
+statistics of the table (common seeds, floor, corrections, verdicts) are in test_table_statistics.py."""
 
 from __future__ import annotations
 
@@ -9,23 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resfl_lightning.metrics.intervals import bootstrap_interval, paired_difference, t_interval
+from resfl_lightning.metrics.intervals import paired_difference, t_interval
 
 
-def test_interval_mean_std_and_bounds():
+def test_interval_mean_std_and_student_t_bounds():
     x = [0.81, 0.84, 0.79, 0.86, 0.83]
-    iv = bootstrap_interval(x)
+    iv = t_interval(x)
+    half = 2.7764451051977987 * np.std(x, ddof=1) / math.sqrt(5)  # t_{0.975, 4}, from tables
     assert iv.mean == pytest.approx(np.mean(x)) and iv.std == pytest.approx(np.std(x, ddof=1))
-    assert min(x) <= iv.low <= iv.mean <= iv.high <= max(x)
+    assert (iv.low, iv.high) == pytest.approx((np.mean(x) - half, np.mean(x) + half))
     assert iv.n == 5 and iv.excludes_zero  # all values far above 0
 
 
 def test_constant_and_single_values():
-    iv = bootstrap_interval([0.5, 0.5, 0.5])
-    assert (iv.low, iv.high, iv.std) == (0.5, 0.5, 0.0)
-    one = bootstrap_interval([0.7])
-    assert one.mean == 0.7 and math.isnan(one.low) and not one.excludes_zero
-    assert bootstrap_interval([None, float("nan")]).n == 0
+    iv = t_interval([0.5, 0.5, 0.5])
+    assert (iv.low, iv.high, iv.std) == pytest.approx((0.5, 0.5, 0.0))
+    one = t_interval([0.7])
+    assert one.mean == 0.7 and math.isnan(one.low) and not one.excludes_zero and one.fmt() == "0.700"
+    assert t_interval([None, float("nan")]).n == 0 and t_interval([]).fmt() == "n/a"
 
 
 def test_pairing_by_seed_detects_a_consistent_small_gain_that_unpaired_means_hide():
@@ -34,8 +36,7 @@ def test_pairing_by_seed_detects_a_consistent_small_gain_that_unpaired_means_hid
     paired = paired_difference(method, base)
     assert paired.excludes_zero and paired.low > 0
     # the same numbers unpaired: the seed-to-seed spread swamps the 0.01 gain
-    unpaired_low = bootstrap_interval(list(method.values())).low - bootstrap_interval(list(base.values())).high
-    assert unpaired_low < 0
+    assert t_interval(list(method.values())).low - t_interval(list(base.values())).high < 0
     assert paired_difference({0: 1.0, 9: 2.0}, {0: 0.5}).n == 1  # only seeds both have
 
 
@@ -48,12 +49,11 @@ def test_paired_difference_is_the_student_t_interval():
 
 
 def test_three_same_sign_differences_are_not_a_difference_by_themselves():
-    # FairFed's Fairness Score on the group-skew table: the percentile bootstrap of 3 values never leaves their
-    # range, so it excluded 0; the t-interval with 2 degrees of freedom does not.
+    # FairFed's Fairness Score on the group-skew table: [min, max] of 3 values (what the percentile bootstrap gave)
+    # excluded 0; the t-interval with 2 degrees of freedom does not.
     d = [-0.003, -0.007, -0.066]
-    assert bootstrap_interval(d).excludes_zero
     diff = paired_difference(dict(enumerate(d)), {0: 0.0, 1: 0.0, 2: 0.0})
-    assert diff.low < 0 < diff.high and not diff.excludes_zero
+    assert max(d) < 0 and diff.low < 0 < diff.high and not diff.excludes_zero
     # the same differences over 5 seeds of a tight, consistent shift do exclude 0
     assert t_interval([-0.010, -0.012, -0.011, -0.009, -0.013]).high < 0
 
@@ -64,20 +64,6 @@ def test_constant_and_missing_differences():
     zero = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
     assert (zero.low, zero.high) == (0.0, 0.0) and not zero.excludes_zero
     assert not paired_difference({0: 1.0}, {0: 0.5}).excludes_zero
-
-
-def test_table_md_lists_each_paired_difference_with_its_interval():
-    from resfl_lightning.analysis.columns import load_columns
-    from resfl_lightning.analysis.table import difference_lines, summarise
-
-    columns = load_columns()
-    base = {s: {c.key: 0.5 + 0.1 * s for c in columns} for s in range(3)}
-    shifted = {s: {k: v - 0.05 for k, v in row.items()} for s, row in base.items()}
-    noisy = {s: {k: v + (0.2, -0.1, -0.05)[s] for k, v in row.items()} for s, row in base.items()}
-    lines = difference_lines(summarise({"fedavg": base, "shifted": shifted, "noisy": noisy}, columns), columns)
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
-    assert "fedavg" not in rows and "**-0.050 [-0.050, -0.050]**" in rows["shifted"]
-    assert "+0.017 [" in rows["noisy"] and "**" not in rows["noisy"]
 
 
 @pytest.mark.slow
@@ -122,16 +108,13 @@ def test_settings_diff_names_every_changed_added_and_missing_leaf():
 
 
 def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monkeypatch):
-    import sys
-
-    from resfl_lightning.analysis import table
+    from resfl_lightning.analysis import runner
     from resfl_lightning.cli.table import main
 
-    def fake_command(dataset, scenario, method, seed, run_dir, attack, overrides):
-        code = 3 if (method, seed) == ("resfl", 0) else 0
-        return [sys.executable, "-c", f"import sys; sys.exit({code})"]
+    def fake_launch(overrides, log):
+        return 3 if {"algorithm=resfl", "seed=0"} <= set(overrides) else 0
 
-    monkeypatch.setattr(table, "train_command", fake_command)
+    monkeypatch.setattr(runner, "_launch", fake_launch)
     out = tmp_path / "t"
     with pytest.raises(SystemExit, match=r"1 of 4 runs failed[\s\S]*resfl-s0"):
         main(["--dataset", "adult", "--methods", "resfl", "--seeds", "2", "--jobs", "2", "--out", str(out)])
@@ -146,17 +129,19 @@ def test_default_out_keeps_dataset_variants_apart():
     sex = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=sex", "seed=1"])
     assert race.name == "table-adult-iid-race" and sex.name == "table-adult-iid-sex"
     assert default_out("synthetic", "group_skew", []).name == "table-synthetic-group_skew"
+    own = default_out("csv", "iid", ["dataset.path=/home/me/credit.csv", "dataset.target=default"])
+    assert own == Path("runs") / "table-csv-iid-default"  # a path value never becomes part of the folder name
 
 
 def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: Path):
-    from resfl_lightning.analysis.table import algorithm_presets, train_command
+    from resfl_lightning.analysis.table import algorithm_presets, train_overrides
     from resfl_lightning.attacks.registry import read_attacks, selected
     from resfl_lightning.config.load import load_config
     from tests.helpers import compose_config
 
     for attack, enabled in (("privacy", ["mia", "aia", "eod"]), ("byzantine", ["byzantine", "eod"])):
-        cmd = train_command("synthetic", "group_skew", "resfl_af_cluster", 2, tmp_path / "r", attack, ["seed=7"])
-        overrides = cmd[cmd.index("resfl_lightning.train") + 1:]
+        overrides = train_overrides("synthetic", "group_skew", "resfl_af_cluster", 2, tmp_path / "r", attack,
+                                    ["seed=7"])
         cfg = compose_config(*overrides)
         load_config(cfg)
         assert [a.name for a in selected(*read_attacks(cfg.attack))] == enabled
@@ -164,12 +149,12 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert cfg.seed == 7  # the user's overrides come last and win
         # the synthetic table's size preset applies to every method; the scenario's partition survives it
         assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.805
-    adult = train_command("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
+    adult = train_overrides("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
     assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
     # every conf/algorithm/ preset is a row, in the order the presets fix (fedavg, the baseline, first)
     assert algorithm_presets() == ["fedavg", "resfl", "resfl_af_cluster", "resfl_af_slices", "fairfed", "fedavg_dp",
                                    "puffle", "pfu_fl", "privfairfl_pre", "privfairfl_post", "curvfed", "fedsam",
-                                   "fedswa"]
+                                   "fedswa", "resfl_robust"]
 
 
 @pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])
@@ -234,7 +219,7 @@ def test_columns_from_config_give_each_cell_of_a_seed(tmp_path: Path):
     """Every column of conf/table/columns.yaml on hand-made runs: summary keys, utility (mAP, else accuracy), Privacy
     Score, FATE against the FedAvg run of the same seed, BA AD against the Byzantine run, wall time."""
     from resfl_lightning.analysis.columns import load_columns
-    from resfl_lightning.analysis.table import seed_metrics
+    from resfl_lightning.analysis.table import seed_metrics, seed_runs
 
     _write_run(tmp_path / "fedavg-s0", {"test/accuracy": 0.80, "test/eo_gap": 0.20, "test/eod": 0.1}, 10.0)
     _write_run(tmp_path / "resfl-s0", {"test/accuracy": 0.84, "test/eo_gap": 0.10, "test/eod": 0.05,
@@ -246,7 +231,9 @@ def test_columns_from_config_give_each_cell_of_a_seed(tmp_path: Path):
     assert list(row) == [c.key for c in columns]
     assert row["utility"] == 0.84 and row["test/eod"] == 0.05 and row["score/fairness"] is None  # NaN: no value
     assert row["privacy_score"] == pytest.approx(0.5) and row["wall_s"] == 12.5
-    assert row["fate"] == pytest.approx(0.04 / 0.80 + 0.10 / 0.20)
+    assert row["fate"] is None  # FATE is a ratio of means over seeds (test_table_statistics.py), no per-seed value
+    fate = next(c for c in columns if c.key == "fate")
+    assert fate.inputs(seed_runs(tmp_path, "resfl", 0, ["privacy"])) == (0.84, 0.10)
     assert row["ba_ad"] == pytest.approx(0.5) and row["dpa_eodd"] is None  # no poisoning run: no value
     assert seed_metrics(tmp_path, "resfl", 0, columns, ["privacy"])["ba_ad"] is None  # without --robustness
 

@@ -274,7 +274,7 @@ def _one_round(tmp_path, name, *overrides):
 def test_byzantine_updates_reach_the_aggregator_sign_flipped(tmp_path):
     clean, _ = _one_round(tmp_path, "clean", "attack=clean")
     attacked, fed = _one_round(tmp_path, "byz", "attack=byzantine", "attack.byzantine.fraction=0.5",
-                               "attack.byzantine.gamma=2.0")
+                               "attack.byzantine.gamma=2.0", "attack.byzantine.schedule=per_round")
     attackers = choose_attackers(4, 0.5, 0, 0)
     assert len(attackers) == 2
     torch.testing.assert_close(clean.theta0, attacked.theta0)
@@ -406,7 +406,11 @@ def test_attack_scores():
     only_update = {"attack/mia_success_rate": 0.7, "attack/update_aia_success_rate": 0.9,
                    "test/abs_one_minus_di": math.nan, "test/delta_eop": 0.1}
     AttackScores().on_round_end(_Fed, only_update)
-    assert only_update["score/privacy"] == pytest.approx(0.8) and "score/fairness" not in only_update
+    # |1-DI| undefined this round: the score is written as NaN, so no earlier round's score can stand for this one
+    assert only_update["score/privacy"] == pytest.approx(0.8) and math.isnan(only_update["score/fairness"])
+    no_eval = {"attack/mia_success_rate": 0.7}  # no evaluation and no AIA this round: no scores at all
+    AttackScores().on_round_end(_Fed, no_eval)
+    assert "score/fairness" not in no_eval and math.isnan(no_eval["score/privacy"])
 
 
 # --- compare --------------------------------------------------------------------------------------------------------
@@ -429,7 +433,7 @@ def test_compare_hand_computed(tmp_path, capsys):
     assert m["ba_ad"]["value"] == pytest.approx(0.25)
     assert m["ba_ad_50"]["value"] == pytest.approx(0.125)
     assert m["dpa_eodd"]["value"] == pytest.approx(0.15)
-    assert m["fate"]["value"] == pytest.approx((0.30 - 0.40) / 0.40 + (0.20 - 0.10) / 0.20)
+    assert m["fate"]["value"] == pytest.approx(10 * ((0.30 - 0.40) / 0.40 + (0.20 - 0.10) / 0.20))  # 10x: CurvFed
     assert result["warnings"] == []
     printed = capsys.readouterr().out
     assert "ba_ad" in printed and "0.2500" in printed and "0.1500" in printed

@@ -8,11 +8,11 @@ from resfl_lightning.metrics.fate import fate
 
 
 def test_fate_hand_computed():
-    # (0.85 - 0.80)/0.80 = 0.0625; (0.10 - 0.05)/0.10 = 0.5.
-    assert fate(0.85, 0.80, 0.05, 0.10) == pytest.approx(0.5625)
-    assert fate(0.85, 0.80, 0.05, 0.10, lambda_f=0.5) == pytest.approx(0.3125)
+    # At CurvFed's printed 10x scale: (0.85 - 0.80)/0.80 = 0.0625; (0.10 - 0.05)/0.10 = 0.5.
+    assert fate(0.85, 0.80, 0.05, 0.10) == pytest.approx(5.625)
+    assert fate(0.85, 0.80, 0.05, 0.10, lambda_f=0.5) == pytest.approx(3.125)
     # Worse accuracy and a larger EO gap than the baseline: (0.72-0.8)/0.8 = -0.1; (0.1-0.15)/0.1 = -0.5.
-    assert fate(0.72, 0.80, 0.15, 0.10) == pytest.approx(-0.6)
+    assert fate(0.72, 0.80, 0.15, 0.10) == pytest.approx(-6.0)
     assert fate(0.8, 0.8, 0.1, 0.1) == 0.0
 
 

@@ -273,3 +273,5 @@ def test_ufm_bootstrap_se_names_the_bad_unit():
 
     with pytest.raises(ValueError, match="unit 1: evidence of group 2"):
         ufm_bootstrap_se([{0: 1.0}, {2: float("nan")}], resamples=10)
+    with pytest.raises(ValueError, match="negative"):  # the loop's ufm_from_group_evidence refuses it too
+        ufm_bootstrap_se([{0: 1.0}, {1: -2.0}, {0: 2.0}], resamples=10)

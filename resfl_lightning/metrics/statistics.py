@@ -1,0 +1,253 @@
+"""Statistics for comparisons over seeds (docs/method.md §11): paired t-tests, Holm and Benjamini-Hochberg
+corrections, seeds needed for a given power, delta-method intervals of ratios of means, FATE over seeds, verdicts
+against a paper's effect, and the utility floor below which a run "did not learn".
+
+Pure functions of per-seed values (dicts seed -> value; None or NaN = no value). scipy does the t and noncentral-t
+distributions; resfl_lightning/analysis/table.py decides which comparisons form a family.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+SeedValues = Mapping[int, "float | None"]
+
+
+def _finite(v) -> bool:
+    return v is not None and isinstance(v, (int, float, np.floating)) and math.isfinite(float(v))
+
+
+def common_seeds(*series: SeedValues) -> list[int]:
+    """Seeds where every series has a finite value, sorted."""
+    seeds = set(series[0])
+    for s in series[1:]:
+        seeds &= set(s)
+    return sorted(k for k in seeds if all(_finite(s[k]) for s in series))
+
+
+@dataclass(frozen=True)
+class TTest:
+    """Mean of per-seed values (or paired differences) with its Student-t interval and two-sided p against 0."""
+
+    mean: float
+    sd: float  # sample standard deviation (ddof=1); NaN for n < 2
+    low: float
+    high: float
+    n: int
+    p: float  # NaN when n < 2
+
+    @property
+    def testable(self) -> bool:
+        return self.n >= 2 and not math.isnan(self.p)
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.n >= 2 and (self.low > 0 or self.high < 0)
+
+
+def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
+    """Mean ± t_{(1+c)/2, n-1}·s/√n and the one-sample t-test against 0 (scipy.stats.ttest_1samp).
+
+    Zero spread (float noise of identical values) gives the point interval and p = 0 (mean ≠ 0) or 1 (mean = 0): the
+    t statistic is infinite or undefined there, and scipy would return NaN.
+    """
+    x = np.asarray([float(v) for v in values if _finite(v)], dtype=float)
+    n = int(x.size)
+    if n < 2:
+        mean = float(x.mean()) if n else math.nan
+        return TTest(mean, math.nan, math.nan, math.nan, n, math.nan)
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        return TTest(mean, 0.0, mean, mean, n, 0.0 if mean != 0 else 1.0)
+    res = stats.ttest_1samp(x, 0.0)
+    ci = res.confidence_interval(confidence)
+    return TTest(mean, sd, float(ci.low), float(ci.high), n, float(res.pvalue))
+
+
+def paired_t(a: SeedValues, b: SeedValues, confidence: float = 0.95) -> TTest:
+    """Paired t-test of a - b over the seeds where both are finite (docs/method.md §11)."""
+    return t_test([float(a[s]) - float(b[s]) for s in common_seeds(a, b)], confidence)
+
+
+def _check_p(pvalues: Sequence[float]) -> np.ndarray:
+    p = np.asarray(pvalues, dtype=float)
+    if p.ndim != 1 or np.any(np.isnan(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError(f"p-values must be a 1-d sequence in [0, 1] without NaN, got {list(pvalues)}")
+    return p
+
+
+def holm(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Holm step-down: (reject, adjusted p), adjusted p_(i) = max_{j<=i} min(1, (m-j+1) p_(j)), in input order."""
+    p = _check_p(pvalues)
+    m = p.size
+    if m == 0:
+        return np.zeros(0, bool), np.zeros(0)
+    order = np.argsort(p, kind="stable")
+    adjusted_sorted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = adjusted_sorted
+    return adjusted <= alpha, adjusted
+
+
+def benjamini_hochberg(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Benjamini-Hochberg: (reject, q), q_(i) = min_{j>=i} min(1, m p_(j) / j), in input order."""
+    p = _check_p(pvalues)
+    m = p.size
+    if m == 0:
+        return np.zeros(0, bool), np.zeros(0)
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, m * p[order] / np.arange(1, m + 1))
+    q_sorted = np.minimum.accumulate(scaled[::-1])[::-1]
+    q = np.empty(m)
+    q[order] = q_sorted
+    return q <= alpha, q
+
+
+def paired_power(d_z: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test with n seeds at standardised effect d_z (noncentral t, scipy.stats.nct)."""
+    if n < 2:
+        return math.nan
+    df, nc = n - 1, abs(d_z) * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_for_power(d_z: float, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000) -> int | None:
+    """Smallest n >= 2 whose paired t-test reaches `power` at effect d_z (exact, noncentral t); None when d_z is 0 or
+    undefined, or more than max_n seeds would be needed."""
+    if not _finite(d_z) or d_z == 0:
+        return None
+    if not 0 < power < 1 or not 0 < alpha < 1:
+        raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
+    approx = seeds_for_power_normal(d_z, power, alpha)
+    if approx > max_n:
+        return None
+    guess = max(2, int(approx) - 3)  # the normal approximation is close (within a seed or two)
+    n = guess
+    while n > 2 and paired_power(d_z, n - 1, alpha) >= power:
+        n -= 1
+    while paired_power(d_z, n, alpha) < power:
+        n += 1
+        if n > max_n:
+            return None
+    return n
+
+
+def seeds_for_power_normal(d_z: float, power: float = 0.8, alpha: float = 0.05) -> float:
+    """Normal approximation n ≈ (z_{1-α/2} + z_power)²/d_z² + z_{1-α/2}²/2.
+
+    docs/method.md §11: 7.85/d_z² + 1.92 at 80 % power and α = 5 %."""
+    if not _finite(d_z) or d_z == 0:
+        return math.inf
+    za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
+    return float((za + zb) ** 2 / d_z ** 2 + za ** 2 / 2)
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio-of-means statistic over common seeds with its delta-method standard error and Student-t interval."""
+
+    value: float
+    se: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.n >= 2 and (self.low > 0 or self.high < 0)
+
+
+def _linearised_interval(value: float, influence: np.ndarray, confidence: float) -> RatioInterval:
+    n = int(influence.size)
+    if n < 2:
+        return RatioInterval(value, math.nan, math.nan, math.nan, n)
+    se = float(influence.std(ddof=1) / math.sqrt(n))
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * se
+    return RatioInterval(value, se, value - half, value + half, n)
+
+
+def relative_change(a: SeedValues, b: SeedValues, confidence: float = 0.95) -> RatioInterval:
+    """R = mean(a)/mean(b) - 1 over common seeds; SE = sd(L)/√n, L_s = (a_s - (R+1) b_s)/mean(b).
+
+    Delta method, docs/method.md §11."""
+    seeds = common_seeds(a, b)
+    x = np.array([float(a[s]) for s in seeds])
+    y = np.array([float(b[s]) for s in seeds])
+    if not seeds or y.mean() == 0:
+        return RatioInterval(math.nan, math.nan, math.nan, math.nan, len(seeds))
+    r = x.mean() / y.mean() - 1.0
+    return _linearised_interval(float(r), (x - (r + 1.0) * y) / y.mean(), confidence)
+
+
+FATE_SCALE = 10.0  # CurvFed prints FATE at 10x its Eq. 2 (12 rows of its Table 18 reproduce; docs/method.md §6)
+
+
+def fate_over_seeds(u_f: SeedValues, u_b: SeedValues, e_f: SeedValues, e_b: SeedValues, lambda_f: float = 1.0,
+                    confidence: float = 0.95) -> RatioInterval:
+    """FATE = 10·[(Ū_f - Ū_b)/Ū_b + λ_F (Ē_b - Ē_f)/Ē_b] over the seeds where all four are finite, with the
+    delta-method interval of docs/method.md §11; NaN when Ū_b or Ē_b is 0 (the ratios are undefined)."""
+    seeds = common_seeds(u_f, u_b, e_f, e_b)
+    uf, ub, ef, eb = (np.array([float(v[s]) for s in seeds]) for v in (u_f, u_b, e_f, e_b))
+    if not seeds or ub.mean() == 0 or eb.mean() == 0:
+        return RatioInterval(math.nan, math.nan, math.nan, math.nan, len(seeds))
+    r_u, r_e = uf.mean() / ub.mean(), ef.mean() / eb.mean()
+    value = FATE_SCALE * ((r_u - 1.0) + lambda_f * (1.0 - r_e))
+    influence = FATE_SCALE * ((uf - r_u * ub) / ub.mean() - lambda_f * (ef - r_e * eb) / eb.mean())
+    return _linearised_interval(float(value), influence, confidence)
+
+
+def verdict(low: float, high: float, n: int, paper_effect: float | None, direction: int) -> str:
+    """docs/method.md §11's verdict for a claim, from the CI [low, high] of our effect on the paper's scale.
+
+    direction: the sign the paper claims (-1 lower, +1 higher); paper_effect: the paper's effect Δ_p, or None when
+    the paper gives only a direction. Returns reproduced / not detected / refuted / direction reproduced, magnitude
+    refuted / not testable.
+    """
+    if direction not in (-1, 1):
+        raise ValueError(f"direction must be -1 or +1, got {direction}")
+    if n < 2 or not (_finite(low) and _finite(high)):
+        return "not testable"
+    if paper_effect is not None and (paper_effect == 0 or math.copysign(1, paper_effect) != direction):
+        raise ValueError(f"paper_effect {paper_effect} does not have the claimed direction {direction:+d}")
+    same_side = low > 0 if direction > 0 else high < 0
+    other_side = high < 0 if direction > 0 else low > 0
+    if other_side:
+        return "refuted"
+    if paper_effect is None:
+        return "reproduced" if same_side else "not detected"
+    holds_paper = low <= paper_effect <= high
+    if same_side:
+        # the CI lies between 0 and Δ_p: the direction holds, the paper's size does not
+        between = high < paper_effect if direction > 0 else low > paper_effect
+        return "direction reproduced, magnitude refuted" if between else "reproduced"
+    return "not detected" if holds_paper else "refuted"
+
+
+def majority_class_rate(labels: Sequence[int] | np.ndarray) -> float:
+    """Share of the most frequent class: the accuracy of always predicting it (the classification utility floor)."""
+    y = np.asarray(labels).reshape(-1)
+    if y.size == 0:
+        raise ValueError("majority_class_rate: no labels")
+    _, counts = np.unique(y, return_counts=True)
+    return float(counts.max() / y.size)
+
+
+def below_utility_floor(summary: Mapping[str, object], map50_floor: float = 0.05) -> str | None:
+    """Why a run "did not learn" (its fairness and privacy values are then not compared), or None when it learned.
+
+    Detection: test/map_50 < map50_floor. Classification: test/accuracy <= test/majority_class_rate (the accuracy of a
+    constant prediction). A run without the utility metric is not judged here (None).
+    """
+    map50 = summary.get("test/map_50")
+    if _finite(map50):
+        return f"mAP@50 {float(map50):.3f} < {map50_floor}" if float(map50) < map50_floor else None
+    acc, majority = summary.get("test/accuracy"), summary.get("test/majority_class_rate")
+    if _finite(acc) and _finite(majority) and float(acc) <= float(majority):
+        return f"accuracy {float(acc):.3f} <= majority-class rate {float(majority):.3f}"
+    return None
