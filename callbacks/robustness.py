@@ -17,7 +17,7 @@ from resfl_lightning.attacks.base import Attack, AttackRun
 from resfl_lightning.attacks.byzantine_round import ByzantineAttackSettings, ByzantineRound, LabelFlippedData
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
 from resfl_lightning.attacks.settings import EodSettings, PoisoningSettings
-from resfl_lightning.attacks.targets import base_data
+from resfl_lightning.attacks.targets import base_data, minority_group
 from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
 
@@ -96,23 +96,26 @@ class EqualizedOdds(Attack):
     Settings = EodSettings
     order = 50
 
-    def __init__(self, protected_group: int, unprotected_group: int | None = None, evaluation=None):
-        self.protected, self.unprotected = int(protected_group), unprotected_group
+    def __init__(self, protected_group: int | None, unprotected_group: int | None = None, evaluation=None):
+        self.protected = None if protected_group is None else int(protected_group)
+        self.unprotected = unprotected_group
         self.evaluation = evaluation
         self._warned = False
 
     @classmethod
     def build(cls, settings: EodSettings, run: AttackRun) -> EqualizedOdds:
         protected = settings.protected_group
-        if protected is None:  # the group the poisoning targets
-            if "poisoning" not in run.settings:
-                raise ConfigError("attack.eod.protected_group: null means attack.poisoning.target_group, but no "
-                                  "poisoning attack is configured; give the group")
+        if protected is None and "poisoning" in run.settings:  # the group the poisoning targets
             protected = run.settings["poisoning"].target_group
         return cls(protected, settings.unprotected_group, evaluation=run.evaluation)
 
     def on_fit_start(self, federation) -> None:
         g = base_data(federation.data).num_groups
+        if self.protected is None:  # a dataset without a declared protected group (dataset=csv / yolo default)
+            self.protected = minority_group(federation.data)
+            if federation.fabric.is_global_zero:
+                print(f"attack.eod: protected group {self.protected}, the smallest group of the data "
+                      "(dataset.protected_group=null)", flush=True)
         for key, value in (("protected_group", self.protected), ("unprotected_group", self.unprotected)):
             if value is not None and not 0 <= value < g:
                 raise ConfigError(f"attack.eod.{key}={value} is not a group of this dataset (0..{g - 1})")

@@ -13,6 +13,7 @@ root split, plus one evaluation per update for the rules that ask for them.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import torch
@@ -49,6 +50,11 @@ class ServerRoot:
         data = _unwrapped(federation.data)
         self.indices, rest = root_indices(data.splits.reserve, size, federation.settings.seed)
         data.splits = dataclasses.replace(data.splits, reserve=rest)  # carve: later reserve users never see it
+        if len(rest) < size:  # the privacy attacks of this run then work on far fewer items than other methods'
+            warnings.warn(f"the server's root split takes {size} of the {size + len(rest)} attack-reserve items; "
+                          f"MIA / AIA of this run use the remaining {len(rest)} (methods without a root split use "
+                          f"all {size + len(rest)}): raise dataset.reserve_fraction or lower aggregation.root_size",
+                          RuntimeWarning, stacklevel=2)
         self.data, self.fabric, self.settings = data, federation.fabric, federation.settings
         self.model, self.layout = model, layout
         self.loader = data.loader_for(self.indices)

@@ -37,10 +37,11 @@ def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = No
             f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
 
 
-def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None) -> Path:
+def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None,
+                  writer: str = "resfl table") -> Path:
     """`body` (markdown starting with its `# title` line) with the provenance list under the title."""
     title, _, rest = body.partition("\n")
-    text = "\n".join([title, "", "Written by `resfl table`; regenerate it with the command below instead of editing.",
+    text = "\n".join([title, "", f"Written by `{writer}`; regenerate it with the command below instead of editing.",
                       "", *provenance_lines(command, wall_s, runs_wall_s), "", rest.lstrip("\n")])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

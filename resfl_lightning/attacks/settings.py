@@ -117,5 +117,5 @@ class PoisoningSettings:
 
 @dataclass
 class EodSettings:
-    protected_group: int | None = None  # null: attack.poisoning.target_group (a poisoning attack must be configured)
+    protected_group: int | None = None  # null: attack.poisoning.target_group, without poisoning the smallest group
     unprotected_group: int | None = None  # null: every other known group, pooled

@@ -48,6 +48,17 @@ def base_data(data: Any) -> Any:
     return data
 
 
+def minority_group(data: Any) -> int:
+    """The known group with the fewest items (ties: the lowest id): the protected group of a dataset that declares
+    none (docs/method.md §7)."""
+    groups = item_groups(data)
+    counts = np.bincount(groups[groups >= 0], minlength=base_data(data).num_groups)
+    present = np.flatnonzero(counts > 0)
+    if present.size == 0:
+        raise ValueError("no item has a known group: the protected group cannot be chosen")
+    return int(present[np.argmin(counts[present])])
+
+
 def item_groups(data: Any) -> np.ndarray:
     """One group per item (image: its most frequent known person group, -1 if none), for stratified splits."""
     data = base_data(data)

@@ -3,6 +3,8 @@ weights are capped, and a lying attacker's report does not change them (mode=ser
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -56,3 +58,31 @@ def test_resfl_robust_carves_the_root_caps_weights_and_ignores_lies(tmp_path, ad
     assert all(r.u == 0.0 for r in lie.reports[0] if r.client_id in attackers)  # the lie was told ...
     for w_h, w_l in zip(honest.weights, lie.weights):  # ... and bought nothing
         assert w_h == pytest.approx(w_l, abs=1e-12)
+
+
+def test_a_root_split_larger_than_what_it_leaves_warns():
+    """On a small dataset the root split would leave the privacy attacks a fraction of the reserve other methods get;
+    the run says so instead of reporting attack scores from a handful of items."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from resfl_lightning.aggregation.root import ServerRoot
+
+    @dataclasses.dataclass
+    class Splits:
+        reserve: np.ndarray
+
+    def federation(n_reserve):
+        data = SimpleNamespace(splits=Splits(np.arange(n_reserve)), loader_for=lambda idx: list(idx))
+        return SimpleNamespace(data=data, fabric=None, settings=SimpleNamespace(seed=0))
+
+    with pytest.warns(RuntimeWarning, match="remaining 20"):
+        ServerRoot(federation(120), None, None, size=100)
+    fed = federation(1500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        root = ServerRoot(fed, None, None, size=100)
+    assert len(root.indices) == 100 and len(fed.data.splits.reserve) == 1400
+    assert not set(root.indices) & set(fed.data.splits.reserve)

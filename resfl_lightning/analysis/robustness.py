@@ -1,0 +1,397 @@
+"""`resfl robustness`: the pre-registered Byzantine robustness grid (docs/robustness-protocol.md; the grid in
+conf/table/robustness.yaml): defences x attacks x report modes x attacker fractions x seeds, each attacked run paired
+with the same defence's clean run of the same seed. Per cell: BA AD (relative utility drop vs clean) with its
+Student-t interval over seeds, utility, ΔEOD vs clean and the attackers' share of the aggregation weight; per defence
+the worst case over attacks; the decision rule on resfl_robust; a figure of worst-case BA AD vs f/n.
+
+Pure functions build the cells and read the numbers; make_robustness_table trains what is missing through
+analysis/runner.py (resumable, a failed run never stops the others) and writes the markdown and the figure."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.table import table_preset
+from resfl_lightning.attacks.byzantine import count_from_fraction
+from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
+from resfl_lightning.resources import conf_dir
+
+CLEAN = "clean"
+
+
+class RobustnessError(RuntimeError):
+    """The grid cannot be run as asked (unknown subset, defence or attack); the message says why."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the grid, without its seed. The clean cell has attack 'clean', report 'honest', f 0."""
+
+    defence: str
+    attack: str
+    report: str
+    fraction: float
+
+    @property
+    def name(self) -> str:
+        if self.attack == CLEAN:
+            return f"{self.defence}-clean"
+        return f"{self.defence}-{self.attack}-{self.report}-f{round(100 * self.fraction):02d}"
+
+
+def load_grid(path: Path | None = None) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(path or conf_dir() / "table" / "robustness.yaml"), resolve=True)
+
+
+def select(grid: dict, subset: str | None) -> dict:
+    """The grid restricted to a named subset (its fractions, attacks, report modes and defences)."""
+    if subset is None:
+        return grid
+    subsets = grid.get("subsets", {})
+    if subset not in subsets:
+        raise RobustnessError(f"--subset {subset!r}: conf/table/robustness.yaml has {sorted(subsets)}")
+    part = subsets[subset]
+    out = dict(grid)
+    out["fractions"] = list(part.get("fractions", grid["fractions"]))
+    out["report_modes"] = list(part.get("report_modes", grid["report_modes"]))
+    for key in ("attacks", "defences"):
+        names = part.get(key, list(grid[key]))
+        unknown = [n for n in names if n not in grid[key]]
+        if unknown:
+            raise RobustnessError(f"subset {subset!r}: unknown {key} {unknown}")
+        out[key] = {n: grid[key][n] for n in names}
+    return out
+
+
+def serves(grid: dict, defence: str, f: int) -> bool:
+    """Whether the defence can run with f attackers among the grid's n clients (Krum n >= 2f + 3, Bulyan 4f + 3)."""
+    need = grid["defences"][defence].get("min_clients")
+    return need is None or grid["clients"] >= need[0] * f + need[1]
+
+
+def attack_spec(grid: dict, attack: str) -> dict:
+    """{overrides, fraction_key, reports}: an attack given as a list of overrides uses the grid's Byzantine keys."""
+    spec = grid["attacks"][attack]
+    spec = {"overrides": spec} if isinstance(spec, list) else dict(spec)
+    return {"fraction_key": grid["fraction_key"], "reports": True, **spec}
+
+
+def reports_for(grid: dict, defence: str, attack: str) -> list[str]:
+    """Report modes run for a (defence, attack): all for defences that read reports (no `sent` for omniscient
+    attacks, which cannot evaluate what they send), else `honest` only (also for attacks without report modes)."""
+    if defence not in grid["reads_reports"] or not attack_spec(grid, attack)["reports"]:
+        return ["honest"]
+    return [r for r in grid["report_modes"] if not (r == "sent" and attack in grid["omniscient"])]
+
+
+def grid_cells(grid: dict) -> list[Cell]:
+    """Every cell to train: each defence's clean cell, then its attacked cells it can serve."""
+    cells = []
+    for defence in grid["defences"]:
+        cells.append(Cell(defence, CLEAN, "honest", 0.0))
+        for fraction in grid["fractions"]:
+            if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
+                continue
+            cells += [Cell(defence, attack, report, fraction)
+                      for attack in grid["attacks"] for report in reports_for(grid, defence, attack)]
+    return cells
+
+
+def cell_overrides(grid: dict, cell: Cell) -> list[str]:
+    """The Hydra overrides of a cell (without seed, dataset or run_dir): defence, attack, fraction, report."""
+    n = grid["clients"]
+    f = count_from_fraction(n, cell.fraction)
+    values = {"f": f, "trim_beta": max(f / n, 0.1)}
+    defence = [o.format(**values) for o in grid["defences"][cell.defence]["overrides"]]
+    if cell.attack == CLEAN:
+        return [*defence, *grid["clean"], f"dataset.num_clients={n}"]
+    spec = attack_spec(grid, cell.attack)
+    report = [f"{grid['report_key']}={cell.report}"] if spec["reports"] else []
+    return [*defence, *spec["overrides"], f"{spec['fraction_key']}={cell.fraction}", *report,
+            f"dataset.num_clients={n}"]
+
+
+def run_dir_for(out: Path, cell: Cell, seed: int) -> Path:
+    return out / f"{cell.name}-s{seed}"
+
+
+def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: int, out: Path,
+                    overrides: list[str]) -> list[str]:
+    rd = run_dir_for(out, cell, seed)
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *cell_overrides(grid, cell),
+            f"seed={seed}", f"run_dir={rd}", "logger=none", "progress=false", *overrides]
+
+
+# ---- reading finished runs -------------------------------------------------------------------------------------
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+
+
+def run_values(run_dir: Path) -> dict[str, float | None]:
+    """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
+    rounds of a finished run; None where absent."""
+    if not (run_dir / "summary.json").is_file():
+        return {"utility": None, "eod": None, "weight_share": None}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    utility = _finite(summary.get("test/map"))
+    if utility is None:
+        utility = _finite(summary.get("test/accuracy"))
+    shares = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            share = _finite(row.get("attack/byzantine_weight_share"))
+            if share is not None:
+                shares.append(share)
+    return {"utility": utility, "eod": _finite(summary.get("test/eod")),
+            "weight_share": float(np.mean(shares)) if shares else None}
+
+
+def ba_ad(clean: float | None, attacked: float | None) -> float | None:
+    """(clean - attacked) / clean; None where either is missing or the clean utility is 0."""
+    if clean is None or attacked is None or clean == 0:
+        return None
+    return (clean - attacked) / clean
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: Cell
+    ba_ad: dict[int, float]       # seed -> BA AD
+    utility: dict[int, float]
+    delta_eod: dict[int, float]   # seed -> EOD_attacked - EOD_clean
+    weight_share: dict[int, float]
+    missing: int                  # seeds without a finished pair
+
+
+def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds: list[int]) -> dict[Cell, CellResult]:
+    """Per cell the per-seed paired numbers, from {(cell, seed): run_values}."""
+    results = {}
+    for cell in cells:
+        clean = Cell(cell.defence, CLEAN, "honest", 0.0)
+        b, u, e, w, missing = {}, {}, {}, {}, 0
+        for s in seeds:
+            mine, base = values.get((cell, s), {}), values.get((clean, s), {})
+            if mine.get("utility") is None:
+                missing += 1
+                continue
+            u[s] = mine["utility"]
+            drop = ba_ad(base.get("utility"), mine["utility"])
+            if drop is not None:
+                b[s] = drop
+            if mine.get("eod") is not None and base.get("eod") is not None:
+                e[s] = mine["eod"] - base["eod"]
+            if mine.get("weight_share") is not None:
+                w[s] = mine["weight_share"]
+        results[cell] = CellResult(cell, b, u, e, w, missing)
+    return results
+
+
+def worst_cell(results: dict[Cell, CellResult], defence: str, fraction: float) -> CellResult | None:
+    """The attacked cell (over attacks and report modes) with the largest mean BA AD at this f/n."""
+    mine = [r for c, r in results.items() if c.defence == defence and c.attack != CLEAN and c.fraction == fraction
+            and r.ba_ad]
+    return max(mine, key=lambda r: float(np.mean(list(r.ba_ad.values()))), default=None)
+
+
+# ---- the decision rule -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Criterion:
+    text: str
+    passed: bool | None  # None: not decidable from the runs there are
+    detail: str
+
+
+def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
+    """The four criteria of docs/robustness-protocol.md for grid['decision']['defence'] at every f/n <= max."""
+    rule = grid["decision"]
+    me, base, ref = rule["defence"], rule["baseline"], rule["reference"]
+    fractions = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
+    out = []
+    # 1. worst-case BA AD <= bound and >= margin below the baseline's worst case, paired interval excluding 0
+    for f in fractions:
+        mine, theirs = worst_cell(results, me, f), worst_cell(results, base, f)
+        if mine is None or theirs is None:
+            out.append(Criterion(f"worst-case BA AD at f/n = {f}", None, "cells missing"))
+            continue
+        worst = t_test(list(mine.ba_ad.values()))
+        gap = paired_t(theirs.ba_ad, mine.ba_ad)
+        ok = worst.mean <= rule["worst_ba_ad"] and gap.mean >= rule["margin_vs_baseline"] and gap.low > 0
+        out.append(Criterion(
+            f"worst-case BA AD at f/n = {f} <= {rule['worst_ba_ad']} and >= {rule['margin_vs_baseline']} below "
+            f"{base}'s (paired interval > 0)", ok,
+            f"{me} {worst.mean:.3f} ({mine.cell.attack}/{mine.cell.report}); "
+            f"{base} {np.mean(list(theirs.ba_ad.values())):.3f} ({theirs.cell.attack}/{theirs.cell.report}); "
+            f"{base} - {me} {_t_text(gap)}"))
+    # 2. lie - honest BA AD per attack
+    diffs = []
+    for c, r in results.items():
+        if c.defence == me and c.report == "lie" and c.fraction in fractions:
+            honest = results.get(Cell(me, c.attack, "honest", c.fraction))
+            if honest is not None:
+                d = paired_t(r.ba_ad, honest.ba_ad)
+                if d.n:
+                    diffs.append((d.mean, c, d))
+    if diffs:
+        mean, c, d = max(diffs, key=lambda x: x[0])
+        out.append(Criterion(f"lie - honest BA AD <= {rule['lie_minus_honest']}", mean <= rule["lie_minus_honest"],
+                             f"largest at {c.attack}, f/n = {c.fraction}: {_t_text(d)}"))
+    else:
+        out.append(Criterion(f"lie - honest BA AD <= {rule['lie_minus_honest']}", None, "no lie/honest pair"))
+    # 3. clean utility vs the reference defence
+    mine_c, ref_c = results.get(Cell(me, CLEAN, "honest", 0.0)), results.get(Cell(ref, CLEAN, "honest", 0.0))
+    if mine_c and ref_c and mine_c.utility and ref_c.utility:
+        a, b = float(np.mean(list(mine_c.utility.values()))), float(np.mean(list(ref_c.utility.values())))
+        out.append(Criterion(f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s",
+                             a >= rule["clean_utility_ratio"] * b, f"{a:.4f} vs {b:.4f} (ratio {a / b:.4f})"))
+    else:
+        out.append(Criterion(f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s", None, "clean runs missing"))
+    # 4. ΔEOD vs clean, worst over the attacked cells
+    eods = [(float(np.mean(list(r.delta_eod.values()))), c) for c, r in results.items()
+            if c.defence == me and c.attack != CLEAN and c.fraction in fractions and r.delta_eod]
+    if eods:
+        worst_eod, c = max(eods, key=lambda x: x[0])
+        out.append(Criterion(f"ΔEOD vs clean <= {rule['delta_eod']}", worst_eod <= rule["delta_eod"],
+                             f"largest {worst_eod:+.3f} at {c.attack}/{c.report}, f/n = {c.fraction}"))
+    else:
+        out.append(Criterion(f"ΔEOD vs clean <= {rule['delta_eod']}", None, "no EOD pair"))
+    return out
+
+
+def _t_text(t: TTest) -> str:
+    if t.n < 2:
+        return f"{t.mean:+.3f} (n={t.n})"
+    return f"{t.mean:+.3f} [{t.low:+.3f}, {t.high:+.3f}] (n={t.n})"
+
+
+# ---- the markdown and the figure -------------------------------------------------------------------------------
+
+
+def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> str:
+    if not values:
+        return "n/a"
+    t = t_test(list(values.values()))
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    text = fmt.format(t.mean) if t.n < 2 else f"{fmt.format(t.mean)} [{fmt.format(t.low)}, {fmt.format(t.high)}]"
+    return text + (f" (n={t.n})" if t.n < planned else "")
+
+
+def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
+    n = len(seeds)
+    lines = [title, "",
+             f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
+             "defence's clean run of the same seed. BA AD = (clean - attacked) / clean utility; mean [95 % Student-t "
+             "interval over seeds]; n shown where below the seeds run; n/a: the rule cannot serve that f "
+             "(Krum n < 2f + 3, Bulyan n < 4f + 3) or no run finished.", ""]
+    defences = list(grid["defences"])
+    lines += ["## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
+    for d in defences:
+        r = results.get(Cell(d, CLEAN, "honest", 0.0))
+        lines.append(f"| {d} | {_mean_text(r.utility, n) if r else 'n/a'} |")
+    for f in grid["fractions"]:
+        columns = [(a, rep) for a in grid["attacks"] for rep in grid["report_modes"]
+                   if any(Cell(d, a, rep, f) in results for d in defences)]
+        lines += ["", f"## f/n = {f}: BA AD", "",
+                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " | worst case |",
+                  "| --- |" + " ---: |" * (len(columns) + 1)]
+        for d in defences:
+            row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results else "n/a"
+                   for a, rep in columns]
+            w = worst_cell(results, d, f)
+            row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
+            lines.append(f"| {d} | " + " | ".join(row) + " |")
+        lines += ["", f"f/n = {f}: attackers' share of the aggregation weight (mean over rounds) and ΔEOD vs clean", "",
+                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " |",
+                  "| --- |" + " ---: |" * len(columns)]
+        for d in defences:
+            row = []
+            for a, rep in columns:
+                r = results.get(Cell(d, a, rep, f))
+                row.append("n/a" if r is None else
+                           f"{_mean_text(r.weight_share, n)}; {_mean_text(r.delta_eod, n, signed=True)}")
+            lines.append(f"| {d} | " + " | ".join(row) + " |")
+    rule = grid["decision"]
+    lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
+    for c in decide(results, grid):
+        verdict = "not decidable" if c.passed is None else ("passed" if c.passed else "FAILED")
+        lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: dict[Cell, CellResult], grid: dict, path: Path) -> Path:
+    """Worst-case BA AD (over attacks and report modes) against f/n, one line per defence, with t-intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for d in grid["defences"]:
+        xs, ys, lo, hi = [], [], [], []
+        for f in grid["fractions"]:
+            w = worst_cell(results, d, f)
+            if w is None:
+                continue
+            t = t_test(list(w.ba_ad.values()))
+            xs.append(f)
+            ys.append(t.mean)
+            lo.append(t.mean - t.low if t.n >= 2 else 0.0)
+            hi.append(t.high - t.mean if t.n >= 2 else 0.0)
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=d)
+    ax.set_xlabel("attacker fraction f/n")
+    ax.set_ylabel("worst-case BA AD (relative utility drop)")
+    ax.axhline(grid["decision"]["worst_ba_ad"], color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds: int | None, jobs: int,
+                          out: Path, overrides: list[str], results_path: Path | None, command: str) -> Path:
+    """Train the missing runs of the (sub)grid, write DIR/robustness.md and DIR/robustness.png (and the results file
+    with its provenance, the figure beside it); returns DIR."""
+    from resfl_lightning.analysis.provenance import write_results
+
+    grid = select(load_grid(), subset)
+    seed_list = list(range(grid["seeds"] if seeds is None else seeds))
+    cells = grid_cells(grid)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    jobs_list = [(run_dir_for(out, c, s), train_overrides(dataset, scenario, grid, c, s, out, overrides))
+                 for s in seed_list for c in cells]
+    failures = run_jobs(jobs_list, jobs)
+    values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
+    results = cell_results(values, cells, seed_list)
+    total = time.perf_counter() - t0
+    part = f", subset {subset!r} of the pre-registered grid" if subset else ""
+    title = (f"# Byzantine robustness, {dataset}, scenario {scenario}{part}: {len(cells)} cells x {len(seed_list)} "
+             f"seeds ({len(jobs_list)} runs; {len(failures)} failed; this invocation took {total:.0f} s with "
+             f"--jobs {jobs})")
+    body = markdown(results, grid, title, seed_list)
+    (out / "robustness.md").write_text(body)
+    figure(results, grid, out / "robustness.png")
+    if results_path is not None:
+        png = figure(results, grid, results_path.with_suffix(".png"))
+        write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
+                      writer="resfl robustness")
+    if failures:
+        print(f"{len(failures)} runs failed (re-run the same command to retry them):\n" + "\n".join(failures))
+    return out

@@ -1,0 +1,162 @@
+"""The robustness grid (conf/table/robustness.yaml): cells as the protocol fixes them, BA AD paired with the same
+defence's clean run, the worst case over attacks, and the decision rule on hand-made numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from resfl_lightning.analysis.robustness import (
+    CLEAN,
+    Cell,
+    RobustnessError,
+    ba_ad,
+    cell_overrides,
+    cell_results,
+    decide,
+    grid_cells,
+    load_grid,
+    markdown,
+    run_values,
+    select,
+    worst_cell,
+)
+
+
+def test_grid_follows_the_protocol():
+    grid = load_grid()
+    cells = grid_cells(grid)
+    assert len(set(cells)) == len(cells)
+    # Krum needs n >= 2f + 3 (n = 10: f <= 3), Bulyan n >= 4f + 3 (f <= 1): cells beyond are absent, not shrunk
+    assert {c.fraction for c in cells if c.defence == "krum" and c.attack != CLEAN} == {0.1, 0.2, 0.3}
+    assert {c.fraction for c in cells if c.defence == "bulyan" and c.attack != CLEAN} == {0.1}
+    # report modes only for defences that read reports; omniscient attacks never `sent`; poisoning has none
+    assert {c.report for c in cells if c.defence == "median"} == {"honest"}
+    assert {c.report for c in cells if c.defence == "resfl" and c.attack == "sign_flip"} == {
+        "honest", "sent", "lie", "mimic"}
+    assert {c.report for c in cells if c.defence == "resfl" and c.attack == "alie"} == {"honest", "lie", "mimic"}
+    assert {c.report for c in cells if c.defence == "resfl" and c.attack == "poisoning"} == {"honest"}
+    assert sum(c.attack == CLEAN for c in cells) == len(grid["defences"])
+
+
+def test_cell_overrides_put_the_attack_and_f_into_the_rule():
+    grid = load_grid()
+    krum = cell_overrides(grid, Cell("krum", "alie", "honest", 0.3))
+    assert "aggregation.f=3" in krum and "attack=byzantine_alie" in krum
+    assert "attack.byzantine.fraction=0.3" in krum and "dataset.num_clients=10" in krum
+    assert "aggregation.beta=0.2" in cell_overrides(grid, Cell("trimmed_mean", "ipm", "honest", 0.2))
+    assert "aggregation.beta=0.1" in cell_overrides(grid, Cell("trimmed_mean", "ipm", "honest", 0.1))
+    clean = cell_overrides(grid, Cell("resfl", CLEAN, "honest", 0.0))
+    assert "attack.byzantine.fraction=0.0" in clean
+    poison = cell_overrides(grid, Cell("fedavg", "poisoning", "honest", 0.2))
+    assert "attack.poisoning.fraction=0.2" in poison and not any("report" in o for o in poison)
+
+
+def test_unknown_subset_is_named():
+    with pytest.raises(RobustnessError, match="nope"):
+        select(load_grid(), "nope")
+    core = select(load_grid(), "core")
+    assert set(core["defences"]) >= {"fedavg", "resfl_robust"} and core["fractions"] == [0.1, 0.2]
+
+
+def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
+    rows = [{"round": 0, "attack/byzantine_weight_share": 0.1}, {"round": 1, "attack/byzantine_weight_share": 0.3},
+            {"round": 1, "test/accuracy": 0.8}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert run_values(tmp_path) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    assert run_values(tmp_path / "missing")["utility"] is None
+
+
+def _values(table: dict[tuple[str, str, str, float], list[float]], eod: float = 0.0) -> dict:
+    """{(cell, seed): run values} from per-seed utilities."""
+    out = {}
+    for (d, a, r, f), utils in table.items():
+        for s, u in enumerate(utils):
+            out[(Cell(d, a, r, f), s)] = {"utility": u, "eod": eod if a != CLEAN else 0.0, "weight_share": 0.1}
+    return out
+
+
+def _grid() -> dict:
+    grid = select(load_grid(), "core")
+    grid["fractions"] = [0.2]
+    return grid
+
+
+def test_ba_ad_is_paired_with_the_same_defence_clean_run():
+    table = {("fedavg", CLEAN, "honest", 0.0): [0.80, 0.84], ("fedavg", "sign_flip", "honest", 0.2): [0.40, 0.63]}
+    cells = [Cell(*k) for k in table]
+    res = cell_results(_values(table), cells, [0, 1])
+    assert res[cells[1]].ba_ad == {0: pytest.approx(0.5), 1: pytest.approx(0.25)}
+    assert ba_ad(0.0, 0.5) is None and ba_ad(None, 0.5) is None
+
+
+def _decision_case(robust_lie: list[float]) -> dict:
+    clean = [0.85, 0.84, 0.86]
+    return {
+        ("fedavg", CLEAN, "honest", 0.0): clean, ("resfl", CLEAN, "honest", 0.0): clean,
+        ("resfl_robust", CLEAN, "honest", 0.0): [0.845, 0.835, 0.855],
+        ("fedavg", "sign_flip", "honest", 0.2): [0.40, 0.45, 0.42],
+        ("fedavg", "alie", "honest", 0.2): [0.80, 0.80, 0.80],
+        ("resfl_robust", "sign_flip", "honest", 0.2): [0.83, 0.82, 0.84],
+        ("resfl_robust", "sign_flip", "lie", 0.2): robust_lie,
+        ("resfl_robust", "alie", "honest", 0.2): [0.80, 0.79, 0.81],
+    }
+
+
+def test_worst_case_and_decision_rule_on_hand_made_runs():
+    table = _decision_case(robust_lie=[0.83, 0.82, 0.84])
+    cells = [Cell(*k) for k in table]
+    res = cell_results(_values(table), cells, [0, 1, 2])
+    worst = worst_cell(res, "fedavg", 0.2)
+    assert worst.cell.attack == "sign_flip"
+    robust_worst = worst_cell(res, "resfl_robust", 0.2)
+    assert robust_worst.cell.attack == "alie"  # 0.80/0.845 is a larger drop than the sign flip's
+    criteria = decide(res, _grid())
+    first, lie, utility, eod = criteria
+    assert first.passed is True
+    # the paired interval of (fedavg worst - robust worst) over seeds, by hand with scipy
+    fed = np.array([(c - a) / c for c, a in zip([0.85, 0.84, 0.86], [0.40, 0.45, 0.42])])
+    rob = np.array([(c - a) / c for c, a in zip([0.845, 0.835, 0.855], [0.80, 0.79, 0.81])])
+    ci = stats.ttest_1samp(fed - rob, 0).confidence_interval(0.95)
+    assert f"[{ci.low:+.3f}, {ci.high:+.3f}]" in first.detail
+    assert lie.passed is True and utility.passed is True and eod.passed is True
+
+
+def test_decision_rule_fails_a_liar_gain_and_says_by_how_much():
+    table = _decision_case(robust_lie=[0.70, 0.69, 0.71])
+    cells = [Cell(*k) for k in table]
+    criteria = decide(cell_results(_values(table, eod=0.05), cells, [0, 1, 2]), _grid())
+    assert criteria[1].passed is False and "sign_flip" in criteria[1].detail
+    assert criteria[3].passed is False and "+0.050" in criteria[3].detail
+    text = markdown(cell_results(_values(table), cells, [0, 1, 2]), _grid(), "# t", [0, 1, 2])
+    assert "FAILED" in text and "| resfl_robust |" in text
+
+
+def test_missing_cells_are_not_decidable():
+    table = {("resfl_robust", CLEAN, "honest", 0.0): [0.84]}
+    criteria = decide(cell_results(_values(table), [Cell(*k) for k in table], [0]), _grid())
+    assert criteria[0].passed is None and criteria[1].passed is None
+
+
+def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
+    """A typo in conf/table/robustness.yaml (a key no rule has, an attack preset that does not exist) fails here,
+    not hours into a grid."""
+    from resfl_lightning.analysis.robustness import train_overrides
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.config.load import load_config
+
+    grid = load_grid()
+    cells = {Cell(d, CLEAN, "honest", 0.0) for d in grid["defences"]}
+    cells |= {Cell("resfl_robust_checked", a, "honest", 0.3) for a in grid["attacks"]}
+    cells |= {Cell("resfl", "sign_flip", r, 0.2) for r in grid["report_modes"]}
+    cells |= {Cell(d, "alie", "honest", 0.2) for d in ("krum", "bulyan", "trimmed_mean")}  # {f}, {trim_beta}
+    for cell in sorted(cells, key=lambda c: c.name):
+        cfg = load_config(composed_settings(train_overrides("adult", "iid", grid, cell, 0, Path("/tmp/unused"), [])))
+        assert cfg.dataset.num_clients == 10, cell
+        kind = "poisoning" if cell.attack == "poisoning" else "byzantine"
+        assert cfg.attack[kind].fraction == cell.fraction, cell
