@@ -41,7 +41,7 @@ def federation_settings(cfg: DictConfig) -> FederationSettings:
         run_dir=Path(cfg.run_dir), report_fim=a.report_fim, fim_iters=a.fim_iters,
         crash_after_round=d.crash_after_round,
         swa_start=a.swa_start_round(f.rounds), swa_every=a.swa_every, swa_lr_high=a.swa_lr_high,
-        swa_lr_low=a.swa_lr_low, sam_rho=a.sam_rho, keep_best_epoch=a.keep_best_epoch,
+        swa_lr_low=a.swa_lr_low, swa_bn_update=a.swa_bn_update, sam_rho=a.sam_rho, keep_best_epoch=a.keep_best_epoch,
         client_state_memory_mb=f.client_state_memory_mb, gather_memory_mb=f.gather_memory_mb,
         relative_gate_k=cfg.ufm.gate_mad_k if cfg.ufm.gate_mode == "relative" else None,
         clients_per_round=f.clients_per_round, min_clients=f.min_clients, max_skipped_rounds=f.max_skipped_rounds,
@@ -68,12 +68,12 @@ def _task_client(cfg: DictConfig, algorithm: Algorithm, data):
         spec = YoloSpec(num_classes=num_classes, scale=cfg.model.scale, yaml=cfg.model.yaml,
                         image_size=cfg.dataset.image_size)
         return DetectionClient(spec, num_groups, algorithm.loss_weights(), ufm_settings(cfg), optim_settings(cfg),
-                               adversary=algorithm.adversary())
+                               adversary=algorithm.adversary(cfg.federation.rounds))
     from resfl_lightning.clients.tabular import TabularClient
 
     return TabularClient(data.num_features, num_groups, algorithm.loss_weights(), ufm_settings(cfg),
                          optim_settings(cfg), hidden=tuple(cfg.model.hidden), num_classes=num_classes,
-                         adversary=algorithm.adversary())
+                         adversary=algorithm.adversary(cfg.federation.rounds))
 
 
 def build_logger(cfg: DictConfig, run_dir: Path, composed: DictConfig):

@@ -1,15 +1,17 @@
-"""FairFed (Ezzeldin et al., AAAI 2023): fairness-aware server weights from client-reported group statistics.
+"""FairFed (Ezzeldin et al., AAAI 2023): fairness-aware server weights from client-reported counts
+(docs/method.md §5a).
 
 Each round, before local training, every client evaluates the global model on its validation split and reports
-per-group true-positive and positive counts (the statistics FairFed aggregates; nothing per sample). The server
-computes the global fairness metric from the summed counts and each client's local metric from its own, and
-moves weight towards clients whose local fairness is closer to the global one:
+per-group true-positive and positive counts plus its (correct, total) counts (nothing per sample). The server computes
+the global metric from the summed counts (= the metric on the union of the data) and each client's from its own:
 
-    Delta_k = |F_global - F_k|,   w_k <- w_k - beta_F (Delta_k - mean_j Delta_j),   w <- max(w, 0) / sum
+    Delta_k = |F_global - F_k| if client k holds every group the federation holds, else |Acc_global - Acc_k|
+    omega_k <- omega_k - beta (Delta_k - mean_j Delta_j),  omega_k^0 = n_k / n,  omega <- max(omega, 0)
+    weights = omega / sum(omega)   (all omega 0: back to n_k / n)
 
-starting from w_k = n_k / n. F is the equal-opportunity difference (max - min group TPR), the metric this project
-reports. A group absent from a client's split takes the global TPR there (**our reading**: the paper assumes every
-client sees every group), so a missing group neither helps nor hurts that client's gap.
+F with two groups is the signed EOD TPR_0 - TPR_1; with more, the non-strict analogue mean_g |TPR_g - TPR| over
+the groups (TPR: all groups pooled). "Holds a group" = has positives of it (EOD conditions on Y = 1). For detection
+the accuracy is the share of persons found.
 """
 
 from __future__ import annotations
@@ -26,32 +28,42 @@ from resfl_lightning.types import ClientReport
 WEIGHTS_KEY = "fairfed_weights"
 
 
-def eop_gap(tp: np.ndarray, positives: np.ndarray, fill: np.ndarray | None = None) -> float:
-    """max_g TPR_g - min_g TPR_g over groups with positives (or filled from `fill` where a group has none)."""
-    tp, positives = np.asarray(tp, dtype=float), np.asarray(positives, dtype=float)
-    tpr = np.divide(tp, positives, out=np.full_like(tp, np.nan), where=positives > 0)
-    if fill is not None:
-        tpr = np.where(np.isnan(tpr), fill, tpr)
-    present = tpr[~np.isnan(tpr)]
-    return float(present.max() - present.min()) if present.size >= 2 else 0.0
+def group_metric(tp, positives, groups: np.ndarray) -> float:
+    """F over `groups` (indices with positives): the signed EOD TPR_0 - TPR_1 of two groups, or
+    mean_g |TPR_g - TPR| of more (0 with fewer than two)."""
+    tp, positives = np.asarray(tp, dtype=float)[groups], np.asarray(positives, dtype=float)[groups]
+    if groups.size < 2:
+        return 0.0
+    tpr = tp / positives
+    if groups.size == 2:
+        return float(tpr[0] - tpr[1])
+    return float(np.mean(np.abs(tpr - tp.sum() / positives.sum())))
 
 
-def fairness_gaps(stats: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, float]:
-    """Delta_k = |F_global - F_k| per client from per-group (TP, positives) counts."""
-    tp = sum(np.asarray(t, dtype=float) for t, _ in stats.values())
-    pos = sum(np.asarray(p, dtype=float) for _, p in stats.values())
-    global_tpr = np.divide(tp, pos, out=np.full_like(tp, np.nan), where=pos > 0)
-    f_global = eop_gap(tp, pos)
-    return {k: abs(f_global - eop_gap(t, p, fill=global_tpr)) for k, (t, p) in stats.items()}
+def fairness_gaps(stats: dict[int, tuple]) -> dict[int, float]:
+    """Delta_k per client from (TP per group, positives per group, (correct, total)) counts."""
+    tp = sum(np.asarray(s[0], dtype=float) for s in stats.values())
+    pos = sum(np.asarray(s[1], dtype=float) for s in stats.values())
+    correct, total = sum(np.asarray(s[2], dtype=float) for s in stats.values())
+    groups = np.flatnonzero(pos > 0)
+    f_global, acc_global = group_metric(tp, pos, groups), correct / max(total, 1.0)
+    gaps = {}
+    for k, (t, p, acc) in stats.items():
+        if groups.size >= 2 and (np.asarray(p, dtype=float)[groups] > 0).all():
+            gaps[k] = abs(f_global - group_metric(t, p, groups))
+        else:  # a client lacking a group has no local F: the accuracy gap instead
+            gaps[k] = abs(acc_global - float(acc[0]) / max(float(acc[1]), 1.0))
+    return gaps
 
 
-def fairfed_update(previous: dict[int, float], gaps: dict[int, float], beta: float) -> dict[int, float]:
-    """One FairFed weight step over the clients in `gaps`; uniform if every weight is driven to zero."""
+def fairfed_update(previous: dict[int, float], gaps: dict[int, float], beta: float,
+                   initial: dict[int, float]) -> dict[int, float]:
+    """One omega step over the clients in `gaps` (unnormalised, clamped at 0); all zero: `initial` (n_k / n)."""
     ids = sorted(gaps)
     delta = np.array([gaps[k] for k in ids])
-    w = np.array([previous[k] for k in ids]) - beta * (delta - delta.mean())
-    w = np.clip(w, 0.0, None)
-    w = w / w.sum() if w.sum() > 0 else np.full(len(ids), 1.0 / len(ids))
+    w = np.clip(np.array([previous[k] for k in ids]) - beta * (delta - delta.mean()), 0.0, None)
+    if not w.sum() > 0:
+        w = np.array([initial[k] for k in ids])
     return dict(zip(ids, w.tolist()))
 
 
@@ -67,22 +79,26 @@ class FairFed(StreamingRule):
         if self.beta < 0:
             raise ValueError(f"aggregation.beta must be >= 0, got {self.beta}")
 
-    def prepare(self, state, stats: dict[int, tuple[np.ndarray, np.ndarray]], num_samples: dict[int, int]):
-        """Fold this round's statistics into the weights kept in `state.extra`; returns the new state."""
+    def prepare(self, state, stats: dict[int, tuple], num_samples: dict[int, int]):
+        """Fold this round's counts into the omega kept in `state.extra`; returns the new state."""
         if not stats:  # every sampled client failed its statistics: no weights this round (all are dropped)
             self.weights_now = {}
             return state
         stored = state.extra.get(WEIGHTS_KEY)
         total = sum(num_samples.values())
-        previous = {k: num_samples[k] / total for k in stats}  # FairFed starts from n_k / n
+        initial = {k: num_samples[k] / total for k in stats}  # FairFed starts from n_k / n
+        previous = dict(initial)
         if stored is not None:
-            previous = {k: float(stored[k]) if not math.isnan(float(stored[k])) else v for k, v in previous.items()}
-        self.weights_now = fairfed_update(previous, fairness_gaps(stats), self.beta)
+            previous = {k: float(stored[k]) if k < stored.numel() and not math.isnan(float(stored[k])) else v
+                        for k, v in previous.items()}
+        omega = fairfed_update(previous, fairness_gaps(stats), self.beta, initial)
+        norm = sum(omega.values())
+        self.weights_now = {k: w / norm for k, w in omega.items()}
         size = max(max(num_samples) + 1, 0 if stored is None else stored.numel())
         table = torch.full((size,), math.nan, dtype=torch.float64)
         if stored is not None:
             table[: stored.numel()] = stored
-        for k, w in self.weights_now.items():
+        for k, w in omega.items():
             table[k] = w
         return replace(state, extra={**state.extra, WEIGHTS_KEY: table})
 

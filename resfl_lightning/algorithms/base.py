@@ -12,11 +12,13 @@ needs more subclasses it (dp.py, privfairfl.py):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
+from resfl_lightning.losses.grl import GRL_SCHEDULES
 
 
 @dataclass(kw_only=True)
@@ -37,10 +39,18 @@ class Algorithm(Section):
     grl_scale: float = setting(1.0, "gradient-reversal scale", ge=0)
     lambda_task: float = setting(1.0, "weight of the task loss (CurvFed: 1 - a)", ge=0)
     w_fair: float = setting(0.0, "weight of the feature-mean gap L_fair (PUFFLE, PFU-FL, PrivFairFL-Pre)", ge=0)
+    # phi's strength (conf/adversary/ presets; docs/method.md §2 gives each key's reason)
     adversary_hidden: int = setting(128, "hidden width of the adversary phi", ge=1)
+    adversary_depth: int = setting(1, "hidden layers of phi (1: the paper's two-layer MLP; 0: a linear probe)", ge=0)
     adversary_lr: float = setting(1e-3, "the adversary's own learning rate", gt=0)
     adversary_optimizer: str = setting("adam", "the adversary's optimiser", choices=("adam", "sgd"))
     adversary_steps: int = setting(1, "adversary updates per encoder step", ge=1)
+    adversary_warmup_rounds: int = setting(0, "first rounds in which phi trains but reverses no gradient into the "
+                                           "encoder", ge=0)
+    adversary_schedule: str = setting("constant", "GRL coefficient over training: constant, or dann's "
+                                      "2/(1+exp(-gamma p)) - 1 of the progress p", choices=GRL_SCHEDULES)
+    adversary_dann_gamma: float = setting(10.0, "gamma of the dann GRL schedule", gt=0)
+    adversary_reinit: bool = setting(False, "a fresh phi every client-round instead of the client's kept one")
     anneal_rounds: int = setting(10, "KL annealing min(1, t / anneal_rounds), t in rounds", ge=1)
     curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
@@ -53,6 +63,8 @@ class Algorithm(Section):
     swa_every: int = setting(1, "SWA cycle length in rounds", ge=1)
     swa_lr_high: float | None = setting(None, "cyclical client lr during SWA, as a multiple of optim.lr", gt=0)
     swa_lr_low: float | None = setting(None, "low end of the SWA lr cycle, as a multiple of optim.lr", gt=0)
+    swa_bn_update: bool = setting(True, "recompute the SWA model's BatchNorm statistics from one no-grad pass per "
+                                  "aggregated client (averaged statistics belong to no model; docs/method.md §5a)")
 
     def loss_weights(self):
         from resfl_lightning.clients.base import LossWeights
@@ -61,16 +73,21 @@ class Algorithm(Section):
                            grl_scale=self.grl_scale, anneal_rounds=self.anneal_rounds, curv_iters=self.curv_iters,
                            curv_params=self.curv_params, lambda_task=self.lambda_task, w_fair=self.w_fair)
 
-    def adversary(self):
+    def adversary(self, rounds: int | None = None):
+        """phi's settings; `rounds` (federation.rounds) is the horizon of the dann schedule's progress."""
         from resfl_lightning.clients.base import AdversarySettings
 
         return AdversarySettings(lr=self.adversary_lr, optimizer=self.adversary_optimizer,
-                                 steps=self.adversary_steps, hidden=self.adversary_hidden)
+                                 steps=self.adversary_steps, hidden=self.adversary_hidden, depth=self.adversary_depth,
+                                 warmup_rounds=self.adversary_warmup_rounds, schedule=self.adversary_schedule,
+                                 dann_gamma=self.adversary_dann_gamma, reinit=self.adversary_reinit,
+                                 rounds=rounds)
 
     def swa_start_round(self, rounds: int) -> int | None:
-        """swa_start as a round index: a fraction in (0, 1) of the horizon (CurvFed starts at 16 of 80), or as is."""
+        """swa_start as a 0-based round index: ceil(fraction x rounds) for a fraction in (0, 1) (FedSWA's
+        s0 = ceil(0.75 R): the last quarter of the rounds; CurvFed's 0.2 x 80 = 16), or as is."""
         if isinstance(self.swa_start, float):
-            return int(round(self.swa_start * rounds))
+            return math.ceil(self.swa_start * rounds - 1e-9)  # 1e-9: a product just above an integer stays it
         return self.swa_start
 
     def attach(self, client: Any, run: Any) -> Any:

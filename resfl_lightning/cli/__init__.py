@@ -19,6 +19,8 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "train": Command("train", "one federated run; Hydra overrides: `resfl train dataset=adult federation.rounds=3`"),
     "table": Command("table", "every method x seed on one dataset and scenario, then the comparison table"),
+    "robustness": Command("robustness", "the pre-registered Byzantine robustness grid: defences x attacks x f/n"),
+    "frontier": Command("frontier", "the adversary's privacy-utility frontier and its pre-registered selection"),
     "compare": Command("compare", "paired-run metrics (BA AD, DPA EODD, FATE) of two finished runs"),
     "report": Command("report", "offline figures and report.md of one or more finished runs"),
     "privacy": Command("privacy", "the privacy comparison: methods attacked by the honest-but-curious server"),

@@ -6,12 +6,14 @@ import math
 from dataclasses import dataclass, field
 
 import lightning as L
+import numpy as np
 import torch
 
 from resfl_lightning.config.sections import OptimSettings, UfmSettings
 from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
+from resfl_lightning.losses.grl import GRL_SCHEDULES, dann_coefficient
 from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
 
 
@@ -34,13 +36,26 @@ class LossWeights:
 
 @dataclass
 class AdversarySettings:
-    """phi's own optimiser (RESFL Algorithm 1, line 8): lambda_priv scales only the reversed gradient into theta.
-    Built by the algorithm from algorithm.adversary_* (checked there)."""
+    """phi's strength (docs/method.md §2): its own optimiser (RESFL Algorithm 1, line 8; lambda_priv scales only the
+    reversed gradient into theta), capacity, warm-up, GRL schedule and whether it is kept across rounds. Built by
+    the algorithm from algorithm.adversary_* (checked there); the defaults are the paper-minimal reading."""
 
     lr: float = 1e-3
     optimizer: str = "adam"  # adam | sgd
     steps: int = 1  # adversary updates per encoder step (extra ones reuse the step's detached features)
     hidden: int = 128
+    depth: int = 1  # hidden layers of phi (0: a linear probe)
+    warmup_rounds: int = 0  # first rounds in which phi trains but the reversed gradient into theta is 0
+    schedule: str = "constant"  # GRL coefficient over training: constant | dann (Ganin et al. 2016)
+    dann_gamma: float = 10.0
+    reinit: bool = False  # a fresh phi every client-round instead of the client's kept one
+    rounds: int | None = None  # the run's horizon T: the dann schedule's progress is counted over it
+
+    def __post_init__(self) -> None:
+        if self.schedule not in GRL_SCHEDULES:
+            raise ValueError(f"adversary schedule must be one of {GRL_SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "dann" and (self.rounds is None or self.rounds < 1):
+            raise ValueError(f"the dann GRL schedule needs the run's number of rounds (>= 1), got {self.rounds}")
 
     def build(self, params) -> torch.optim.Optimizer:
         if self.optimizer == "adam":
@@ -101,6 +116,8 @@ class FederatedClient(L.LightningModule):
         self._ufm_ema = math.nan
         self.relative_gate: float | None = None  # set by the orchestrator each round when ufm.gate_mode=relative
         self._adv_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._local_seed: int | None = None  # the seed import_local_state drew a first phi from (reinit derives)
+        self._epoch_position: tuple[int, int, int | None] = (0, 1, None)  # (epoch, epochs, batches): begin_epoch
         self.curvature = FisherCurvature(iters=weights.curv_iters)
         # Algorithm plug-ins (resfl_lightning/algorithms/): DP-SGD, a pre-upload transform, report statistics.
         self.dp = None
@@ -111,6 +128,27 @@ class FederatedClient(L.LightningModule):
     def reversal_scale(self) -> float:
         """The GRL multiplier: lambda_priv scales the reversed gradient into theta (and nothing else)."""
         return self.weights.lambda_priv * self.weights.grl_scale
+
+    def training_progress(self, batch_idx: int) -> float:
+        """p in [0, 1]: the share of the run's rounds x local steps done before this step (the dann schedule's)."""
+        epoch, epochs, batches = self._epoch_position
+        within = epoch + (batch_idx / batches if batches else 0.0)
+        p = (self.round_idx + within / epochs) / self.adversary_settings.rounds
+        return min(max(p, 0.0), 1.0)
+
+    def reversal_coefficient(self, batch_idx: int) -> float:
+        """The GRL multiplier of this step: 0 during phi's warm-up rounds, else lambda_priv * grl_scale, times the
+        dann ramp of the training progress under that schedule (docs/method.md §2)."""
+        a = self.adversary_settings
+        if self.round_idx < a.warmup_rounds:
+            return 0.0
+        if a.schedule == "constant":
+            return self.reversal_scale
+        return self.reversal_scale * dann_coefficient(self.training_progress(batch_idx), a.dann_gamma)
+
+    def begin_epoch(self, epoch: int, epochs: int, batches: int | None) -> None:
+        """Where the local loop is (the dann schedule's progress within a round); batches: None when unknown."""
+        self._epoch_position = (epoch, max(epochs, 1), batches)
 
     # --- pieces subclasses provide ---------------------------------------------------------
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
@@ -123,6 +161,10 @@ class FederatedClient(L.LightningModule):
         """Per-sample task losses of one batch (the Fisher's samples)."""
         raise NotImplementedError
 
+    def bn_forward(self, batch: dict) -> None:
+        """The model's forward on one batch, outputs unused (the SWA BatchNorm pass, federation/swa.py)."""
+        raise NotImplementedError
+
     def _ufm_se(self, units) -> float:
         """Bootstrap SE of this client's UFM (ufm.bootstrap_resamples, 0 = off), seeded by client and round."""
         n = self.ufm.bootstrap_resamples
@@ -131,8 +173,9 @@ class FederatedClient(L.LightningModule):
         return ufm_bootstrap_se(units, resamples=n, seed=self.client_id + 1 + 1000 * max(self.round_idx, 0),
                                 evidence_floor=self.ufm.evidence_floor, eps=self.ufm.eps)
 
-    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-group (true positives, positives) of this model on a loader: the counts FairFed's server sums."""
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-group (true positives, positives) of this model on a loader and its (correct, total): the counts
+        FairFed's server sums."""
         raise NotImplementedError
 
     def place(self, batch: dict) -> dict:
@@ -178,12 +221,9 @@ class FederatedClient(L.LightningModule):
         self.curvature.reseed(seed)
         if self.dp is not None:
             self.dp.import_state(state)
+        self._local_seed = seed
         if state is None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                for name, module in self.named_modules():
-                    if self.is_local_key(name + ".") and hasattr(module, "reset_parameters"):
-                        module.reset_parameters()
+            self._reset_local_modules(seed)
             self._ufm_ema = math.nan
             return
         own = self.state_dict(keep_vars=True)
@@ -195,9 +235,24 @@ class FederatedClient(L.LightningModule):
         self.curvature.v = [v.to(self.device) for v in vs] or None
         self._ufm_ema = float(state["ufm.ema"])
 
+    @torch.no_grad()
+    def _reset_local_modules(self, seed: int) -> None:
+        """Fresh client-local modules (phi) drawn from `seed`, leaving the global RNG as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for name, module in self.named_modules():
+                if self.is_local_key(name + ".") and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+
     # --- shared behaviour ------------------------------------------------------------------
     def begin_client(self, client_id: int, round_idx: int) -> None:
         self.client_id, self.round_idx = client_id, round_idx
+        self._epoch_position = (0, 1, None)
+        # adversary_reinit: a new phi each client-round, drawn from (the client's first seed, round) alone. Only a
+        # client whose own state was imported has that seed (the fine-tune loop keeps its phi across epochs).
+        if self.adversary_settings.reinit and self._local_seed is not None:
+            seed = np.random.SeedSequence([self._local_seed, round_idx + 1]).generate_state(1)[0]
+            self._reset_local_modules(int(seed))
         self._loss_sums, self._loss_count = {}, 0
         self._batch_checks = {}
         if self.upload_transform is not None:
@@ -258,7 +313,7 @@ class FederatedClient(L.LightningModule):
 
         A group index >= num_groups is checked on the device (`check_batch`; the epoch's end raises) and left out
         of the CE meanwhile: it never reaches cross_entropy, where a GPU would stop on a device-side assert."""
-        self.adversary.grl_scale = self.reversal_scale
+        self.adversary.grl_scale = self.reversal_coefficient(batch_idx)
         groups = groups.detach().reshape(-1).long()
         n = self.adversary.num_groups
         out_of_range = groups >= n

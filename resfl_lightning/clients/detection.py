@@ -22,6 +22,7 @@ from resfl_lightning.losses.fairness import group_mean_distance
 from resfl_lightning.losses.per_image import per_image_detection_loss
 from resfl_lightning.metrics.detection import detection_map
 from resfl_lightning.metrics.fairness import detection_fairness, group_counts
+from resfl_lightning.metrics.matching import match_pred_gt
 from resfl_lightning.metrics.ufm import (
     drop_small_cohorts,
     image_group_evidence,
@@ -38,6 +39,14 @@ def gt_boxes_xyxy(batch: dict, image_hw: tuple[int, int]) -> torch.Tensor:
     return torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], dim=1)
 
 
+def images_all_found(preds: list[dict], gts: list[dict], iou_threshold: float, score_threshold: float) -> torch.Tensor:
+    """(B,) bool: the image holds at least one person and every one is matched (IoU >= iou_threshold, score >=
+    score_threshold): CurvFed's "correctly classified" sample for detection (docs/method.md §5a)."""
+    return torch.tensor([gt["boxes"].shape[0] > 0
+                         and bool(match_pred_gt(pred, gt, iou_threshold, score_threshold)[1].all())
+                         for pred, gt in zip(preds, gts)], dtype=torch.bool)
+
+
 class DetectionClient(FederatedClient):
     def __init__(self, spec: YoloSpec, num_groups: int, weights: LossWeights, ufm: UfmSettings,
                  optim: OptimSettings, adversary: AdversarySettings | None = None, map_conf: float = 0.001,
@@ -46,7 +55,8 @@ class DetectionClient(FederatedClient):
         self.spec, self.num_groups = spec, num_groups
         self.model = EvidentialYOLO(spec)
         self.adversary = Adversary(sum(self.model.feature_channels), num_groups,
-                                   hidden=self.adversary_settings.hidden, grl_scale=self.reversal_scale)
+                                   hidden=self.adversary_settings.hidden, grl_scale=self.reversal_scale,
+                                   depth=self.adversary_settings.depth)
         self.criterion = EvidentialDetectionLoss(self.model)
         self.map_conf, self.max_det = map_conf, max_det
         self._strides = [int(s) for s in self.model.strides.tolist()]  # fixed by the architecture: read once here
@@ -78,7 +88,15 @@ class DetectionClient(FederatedClient):
         if w.w_fair > 0:  # L_fair on the ROI-pooled person features the adversary uses
             fair = group_mean_distance(h, batch["groups"]) if h is not None else res.task * 0.0
         unc_values = self.kl_coefficient() * res.fg_unc + res.fg_nig_reg
-        return self.compose_loss(res.task, adv, unc_values, res.fg_groups, res.per_image_cls, res.parts, fair=fair)
+        fisher = res.per_image_cls[self.correct_images(out, batch)] if w.lambda_curv > 0 else None
+        return self.compose_loss(res.task, adv, unc_values, res.fg_groups, fisher, res.parts, fair=fair)
+
+    def correct_images(self, out: dict, batch: dict) -> torch.Tensor:
+        """CurvFed's Fisher samples of this step's forward pass: images whose persons are all detected."""
+        u = self.ufm
+        preds = self.model.predict(out, conf=u.score_threshold, iou=u.iou_threshold, max_det=self.max_det)
+        found = images_all_found(preds, ground_truth_for(batch), u.iou_threshold, u.score_threshold)
+        return found.to(out["feats"][0].device)
 
     @torch.no_grad()
     def predict_batch(self, batch: dict, with_features: bool = False):
@@ -163,11 +181,18 @@ class DetectionClient(FederatedClient):
         out["loss"] = loss
         return out
 
-    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-group (TP, persons) and, as FairFed's accuracy, (persons found, persons) over every person."""
         preds, gts, _ = self.collect(loader)
-        tp, fn = group_counts(list(zip(preds, gts)), num_groups, iou_threshold=self.ufm.iou_threshold,
-                              score_threshold=self.ufm.score_threshold)
-        return tp, tp + fn
+        pairs = list(zip(preds, gts))
+        u = self.ufm
+        tp, fn = group_counts(pairs, num_groups, iou_threshold=u.iou_threshold, score_threshold=u.score_threshold)
+        found = [match_pred_gt(p, g, u.iou_threshold, u.score_threshold)[1] for p, g in pairs]
+        accuracy = torch.tensor([sum(int(f.sum()) for f in found), sum(f.numel() for f in found)])
+        return tp, tp + fn, accuracy
+
+    def bn_forward(self, batch: dict) -> None:
+        self.model(self.place(batch)["img"])
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-image Dirichlet NLL (detection has no single per-image correctness, so every image counts)."""

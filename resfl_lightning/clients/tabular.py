@@ -75,7 +75,7 @@ class TabularClient(FederatedClient):
         self.num_groups, self.num_classes = num_groups, num_classes
         self.model = TabularNet(num_features, hidden, num_classes)
         self.adversary = Adversary(self.model.feature_dim, num_groups, hidden=self.adversary_settings.hidden,
-                                   grl_scale=self.reversal_scale)
+                                   grl_scale=self.reversal_scale, depth=self.adversary_settings.depth)
 
     def curvature_parameters(self) -> list[torch.nn.Parameter]:
         return self.model.head_parameters if self.weights.curv_params == "head" else list(self.model.parameters())
@@ -198,12 +198,16 @@ class TabularClient(FederatedClient):
         out["loss"] = float(pred.losses.mean())
         return out
 
-    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def group_outcomes(self, loader, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pred = self.collect(loader)
         positive, known = pred.y == 1, pred.groups >= 0
         hit = positive & (pred.y_pred == 1)
+        accuracy = torch.tensor([int((pred.y_pred == pred.y).sum()), pred.y.numel()])
         return (torch.bincount(pred.groups[hit & known], minlength=num_groups),
-                torch.bincount(pred.groups[positive & known], minlength=num_groups))
+                torch.bincount(pred.groups[positive & known], minlength=num_groups), accuracy)
+
+    def bn_forward(self, batch: dict) -> None:
+        self.model(self.place(batch)["x"])
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-row Dirichlet NLL."""

@@ -20,7 +20,8 @@ class ClientSplitLoaders:
 
     splits: FederatedSplits
 
-    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False,
+                augment: bool = True) -> DataLoader:
         raise NotImplementedError
 
     @property
@@ -39,6 +40,11 @@ class ClientSplitLoaders:
 
     def val_loader(self, client_id: int) -> DataLoader:
         return self._loader(self.splits.clients[client_id].val, shuffle=False)
+
+    def recalibration_loader(self, client_id: int) -> DataLoader:
+        """The client's training split in order, in training-size batches, without augmentation (the SWA model's
+        BatchNorm pass, federation/swa.py)."""
+        return self._loader(self.splits.clients[client_id].train, shuffle=False, train=True, augment=False)
 
     def test_loader(self) -> DataLoader:
         return self._loader(self.splits.test, shuffle=False)
@@ -61,8 +67,9 @@ class FederatedDetectionData(ClientSplitLoaders):
     task: str = "detection"
     loader: LoaderSettings = LoaderSettings()
 
-    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
-        augment = DetectionAugment() if train and self.augment else None
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False,
+                augment: bool = True) -> DataLoader:
+        augment = DetectionAugment() if train and augment and self.augment else None
         ds = DetectionDataset(self.source, indices, augment=augment, image_size=self.image_size, seed=seed)
         gen = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, generator=gen,

@@ -76,7 +76,8 @@ class FederatedTabularData(ClientSplitLoaders):
     def num_features(self) -> int:
         return int(self.x.shape[1])
 
-    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False) -> DataLoader:
+    def _loader(self, indices: np.ndarray, shuffle: bool, seed: int = 0, train: bool = False,
+                augment: bool = True) -> DataLoader:  # rows are never augmented
         ds = TabularRows(self.x, self.y, self.groups, indices)
         size = self.batch_size if train else self.eval_batch_size
         # A one-row final batch would break BatchNorm in train mode; drop it only then (no other row is ever lost).

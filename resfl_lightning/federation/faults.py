@@ -69,19 +69,21 @@ def check_update(report, delta: torch.Tensor, score: float | None, client_id: in
 
 
 def check_group_stats(stats, num_groups: int, client_id: int, round_idx: int) -> None:
-    """Raise ClientFault unless `stats` = (TP, positives) are two length-`num_groups` vectors of finite counts with
-    0 <= TP <= positives (what FairFed's server weights are computed from)."""
+    """Raise ClientFault unless `stats` = (TP, positives, (correct, total)): two length-`num_groups` vectors of
+    finite counts with 0 <= TP <= positives and 0 <= correct <= total (what FairFed's server weights come from)."""
     where = f"client {client_id}, round {round_idx}: group statistics"
-    if not isinstance(stats, tuple) or len(stats) != 2:
-        raise ClientFault(f"{where} are a {type(stats).__name__}, not a (TP, positives) pair")
-    tp, pos = (torch.as_tensor(x, dtype=torch.float64) for x in stats)
-    if tp.shape != (num_groups,) or pos.shape != (num_groups,):
-        raise ClientFault(f"{where} have shapes {tuple(tp.shape)} / {tuple(pos.shape)}, expected ({num_groups},)")
-    if not (torch.isfinite(tp).all() and torch.isfinite(pos).all()):
-        raise ClientFault(f"{where} are not finite (TP {tp.tolist()}, positives {pos.tolist()})")
-    if (tp < 0).any() or (tp > pos).any():
-        raise ClientFault(f"{where} are not counts with 0 <= TP <= positives (TP {tp.tolist()}, "
-                          f"positives {pos.tolist()})")
+    if not isinstance(stats, tuple) or len(stats) != 3:
+        raise ClientFault(f"{where} are a {type(stats).__name__}, not a (TP, positives, (correct, total)) triple")
+    tp, pos, acc = (torch.as_tensor(x, dtype=torch.float64) for x in stats)
+    if tp.shape != (num_groups,) or pos.shape != (num_groups,) or acc.shape != (2,):
+        raise ClientFault(f"{where} have shapes {tuple(tp.shape)} / {tuple(pos.shape)} / {tuple(acc.shape)}, "
+                          f"expected ({num_groups},) / ({num_groups},) / (2,)")
+    if not (torch.isfinite(tp).all() and torch.isfinite(pos).all() and torch.isfinite(acc).all()):
+        raise ClientFault(f"{where} are not finite (TP {tp.tolist()}, positives {pos.tolist()}, "
+                          f"correct/total {acc.tolist()})")
+    if (tp < 0).any() or (tp > pos).any() or not 0 <= acc[0] <= acc[1]:
+        raise ClientFault(f"{where} are not counts with 0 <= TP <= positives and 0 <= correct <= total (TP "
+                          f"{tp.tolist()}, positives {pos.tolist()}, correct/total {acc.tolist()})")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
         batches = loader_for_epoch(epoch)
         if client.dp is not None:  # DP-SGD: Poisson batches over the same dataset (privacy/dp.py)
             batches = client.dp.loader(batches)
+        client.begin_epoch(epoch, epochs, len(batches) if hasattr(batches, "__len__") else None)
         steps += len(train_epoch(fabric, client, optimizer, batches, client.optim.grad_clip,
                                  f"{name}, epoch {epoch}", local_optimizers, sam_rho))
         if epoch_end is not None:

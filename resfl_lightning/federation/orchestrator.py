@@ -31,6 +31,14 @@ from resfl_lightning.federation.faults import FaultPlan, check_group_stats, chec
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.participation import deal, sample_clients, sample_size
 from resfl_lightning.federation.state import FlatLayout
+from resfl_lightning.federation.swa import (
+    batchnorm_layers,
+    client_bn_statistics,
+    combine_bn_statistics,
+    statistic_mask,
+    swa_step,
+    write_bn_statistics,
+)
 from resfl_lightning.metrics.ufm import relative_gate_threshold
 from resfl_lightning.types import ClientReport
 
@@ -60,12 +68,13 @@ class FederationSettings:
     crash_after_round: int | None = None
     # Server-side SWA (Caldarola et al. 2022; CurvFed Algorithm 2): from round swa_start on, the client lr runs a
     # cycle of swa_every rounds from swa_lr_high down to swa_lr_low (multiples of optim.lr), and the global model
-    # is folded into the SWA average at the end of each cycle. The SWA model is then the one evaluated,
-    # checkpointed and exported.
+    # is folded into the SWA average at the end of each cycle and at the final round. The SWA model is then the
+    # one evaluated, checkpointed and exported; swa_bn_update recalibrates its BatchNorm statistics (swa.py).
     swa_start: int | None = None
     swa_every: int = 1
     swa_lr_high: float | None = None  # None: keep the step-decay schedule during SWA
     swa_lr_low: float | None = None
+    swa_bn_update: bool = True
     sam_rho: float = 0.0  # > 0: SAM local optimiser (FedSAM, CurvFed)
     keep_best_epoch: bool = False  # CurvFed Algorithm 1: evaluate after each local epoch, keep the best
     client_state_memory_mb: float = 256.0
@@ -108,7 +117,12 @@ class FederationSettings:
         return self.swa_start is not None and round_idx >= self.swa_start
 
     def swa_cycle_end(self, round_idx: int) -> bool:
-        """The SWA average takes the global model at the end of each cycle (where the cyclical lr is lowest)."""
+        """The SWA average takes the global model at the end of each cycle (where the cyclical lr is lowest) and
+        always the final round's (which a cycle longer than one round, or a start after it, could otherwise skip)."""
+        if self.swa_start is None:
+            return False
+        if round_idx == self.rounds - 1:
+            return True
         return self.in_swa(round_idx) and (round_idx - self.swa_start) % self.swa_every == self.swa_every - 1
 
     def lr_factor(self, round_idx: int) -> float:
@@ -165,6 +179,8 @@ class Federation:
                                               int(self.settings.client_state_memory_mb * 2**20))
         self.faults = FaultPlan.parse(self.settings.fail_clients)
         self.collectives = Collectives(self.fabric)
+        self.swa_bn_layers: list[str] = []  # shared BatchNorm layers the SWA model recalibrates (set by fit)
+        self.swa_bn_mask: torch.Tensor | None = None  # their statistics' entries in the flat vector
 
     @property
     def checkpoint_path(self) -> Path:
@@ -280,6 +296,9 @@ class Federation:
             self.aggregator.check_memory(sampled, layout.numel, s.gather_memory_mb)
             self.aggregator.check_clients(sampled)
         self.aggregator.attach(self, client, layout)  # server-side needs (FLTrust's root split) before any attack
+        if s.swa_start is not None and s.swa_bn_update:
+            self.swa_bn_layers = [n for n in batchnorm_layers(client) if f"{n}.running_mean" in layout.float_keys]
+            self.swa_bn_mask = statistic_mask(layout, self.swa_bn_layers) if self.swa_bn_layers else None
         state = self.initial_state(client, layout)
         state.logger_run_id = state.logger_run_id or self.logger_run_id
         fabric.call("on_fit_start", federation=self, model=client, layout=layout, state=state)
@@ -342,6 +361,8 @@ class Federation:
         state = replace(state, round_idx=round_idx, theta=theta)
         state = self._count_skipped(state, skip is not None)
         state = self._update_swa(state, round_idx)
+        if self.swa_bn_mask is not None and s.swa_cycle_end(round_idx):
+            state = self._recalibrate_swa_bn(client, layout, state, reports, round_idx)
         state = self._next_relative_gate(state, reports)
         times.aggregate = time.perf_counter() - t0
         weights = self.aggregator.weights(reports)
@@ -467,11 +488,32 @@ class Federation:
         return replace(state, extra={**state.extra, RELATIVE_GATE_KEY: torch.tensor(thr, dtype=torch.float64)})
 
     def _update_swa(self, state: ServerState, round_idx: int) -> ServerState:
+        """Fold theta_G into the SWA average at a cycle's end; with BatchNorm recalibration its statistics are not
+        averaged (`_recalibrate_swa_bn` recomputes them)."""
         if not self.settings.swa_cycle_end(round_idx):
             return state
-        n = state.swa_count
-        swa = state.theta.clone() if state.swa is None else state.swa + (state.theta - state.swa) / (n + 1)
-        return replace(state, swa=swa, swa_count=n + 1)
+        swa = swa_step(state.swa, state.swa_count, state.theta, buffers=self.swa_bn_mask)
+        return replace(state, swa=swa, swa_count=state.swa_count + 1)
+
+    def _recalibrate_swa_bn(self, client: FederatedClient, layout: FlatLayout, state: ServerState,
+                            reports: list[ClientReport], round_idx: int) -> ServerState:
+        """Every aggregated client of the round makes one BatchNorm pass with w_SWA over its training split; the
+        server combines the statistics by batch count (= torch's update_bn on the pooled batches, swa.py). A client
+        whose pass fails is left out with a warning; with none left the statistics stay as they were."""
+        own = set(self.own_clients(round_idx))
+        layout.load(client, state.swa, state.int_buffers)
+        parts = {}
+        for cid in (r.client_id for r in reports if r.client_id in own):
+            try:
+                parts[cid] = client_bn_statistics(client, client.bn_forward, self.data.recalibration_loader(cid),
+                                                  self.swa_bn_layers)
+            except Exception as err:  # noqa: BLE001 - one client's pass must not end the run
+                warnings.warn(f"round {round_idx}: client {cid} left out of the SWA BatchNorm recalibration: "
+                              f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=2)
+        merged = {cid: v for part in self._gather(parts, "SWA BatchNorm statistics all_gather")
+                  for cid, v in part.items()}
+        stats = combine_bn_statistics([merged[cid] for cid in sorted(merged)])
+        return replace(state, swa=write_bn_statistics(state.swa, layout, stats)) if stats else state
 
 
 def skipped_in_a_row(state: ServerState) -> int:

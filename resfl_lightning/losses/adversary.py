@@ -13,24 +13,30 @@ from resfl_lightning.losses.grl import GradientReversal
 
 
 class Adversary(nn.Module):
-    """A(h; phi): GRL -> Linear(in_dim, hidden) -> ReLU -> Dropout -> Linear(hidden, num_groups) group logits."""
+    """A(h; phi): GRL -> `depth` x [Linear(., hidden) -> ReLU -> Dropout] -> Linear(., num_groups) group logits.
+
+    depth = 1 is the paper's two-layer MLP; depth = 0 is a linear probe (docs/method.md §1)."""
 
     def __init__(
-        self, in_dim: int, num_groups: int, hidden: int = 128, dropout: float = 0.1, grl_scale: float = 1.0
+        self, in_dim: int, num_groups: int, hidden: int = 128, dropout: float = 0.1, grl_scale: float = 1.0,
+        depth: int = 1,
     ) -> None:
         super().__init__()
-        if in_dim < 1 or num_groups < 2 or hidden < 1:
-            raise ValueError(
-                f"Adversary needs in_dim >= 1, num_groups >= 2, hidden >= 1; got {in_dim}, {num_groups}, {hidden}"
-            )
+        if in_dim < 1 or num_groups < 2 or hidden < 1 or depth < 0:
+            raise ValueError(f"Adversary needs in_dim >= 1, num_groups >= 2, hidden >= 1, depth >= 0; got {in_dim}, "
+                             f"{num_groups}, {hidden}, {depth}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"Adversary dropout must be in [0, 1), got {dropout}")
         self.in_dim = in_dim
         self.num_groups = num_groups
+        self.depth = depth
         self.grl = GradientReversal(grl_scale)
-        self.mlp = nn.Sequential(
-            nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(hidden, num_groups)
-        )
+        layers: list[nn.Module] = []
+        width = in_dim
+        for _ in range(depth):  # built in this order so depth = 1 draws the same initial weights as before
+            layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+            width = hidden
+        self.mlp = nn.Sequential(*layers, nn.Linear(width, num_groups))
 
     @property
     def grl_scale(self) -> float:

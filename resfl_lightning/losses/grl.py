@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -52,3 +54,16 @@ class GradientReversal(nn.Module):
 
     def extra_repr(self) -> str:
         return f"scale={self._scale}"
+
+
+GRL_SCHEDULES = ("constant", "dann")
+
+
+def dann_coefficient(progress: float, gamma: float = 10.0) -> float:
+    """DANN's ramp 2 / (1 + exp(-gamma p)) - 1 of the training progress p in [0, 1] (Ganin et al., JMLR 2016): 0
+    at the start, ~1 by p = 0.5 with gamma = 10, so early, noisy adversary gradients reach the encoder damped."""
+    if not 0.0 <= progress <= 1.0:
+        raise ValueError(f"dann_coefficient: progress must lie in [0, 1], got {progress}")
+    if not gamma > 0:
+        raise ValueError(f"dann_coefficient: gamma must be > 0, got {gamma}")
+    return 2.0 / (1.0 + math.exp(-gamma * progress)) - 1.0

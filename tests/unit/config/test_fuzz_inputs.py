@@ -77,7 +77,7 @@ def test_config_values_give_a_keyed_error_or_valid_settings(base_cfg, key, value
     builders.optim_settings(typed)
     algorithm = builders.algorithm_of(typed)
     algorithm.loss_weights()
-    algorithm.adversary()
+    algorithm.adversary(typed.federation.rounds)
     instantiate_dataset(typed.dataset).loader.kwargs()
 
 

@@ -183,7 +183,9 @@ def test_fault_plan_parsing():
 def _fairfed_weights(stats: dict[int, tuple], sizes: dict[int, int]) -> dict[int, float]:
     """FairFed's first-round weights over the clients in `stats`, from the pure functions."""
     total = sum(sizes[k] for k in stats)
-    return fairfed_update({k: sizes[k] / total for k in stats}, fairness_gaps(stats), beta=1.0)
+    initial = {k: sizes[k] / total for k in stats}
+    omega = fairfed_update(initial, fairness_gaps(stats), 1.0, initial)
+    return {k: w / sum(omega.values()) for k, w in omega.items()}
 
 
 class _StatsRaise(TabularClient):
@@ -261,13 +263,17 @@ def test_fairfed_client_whose_group_statistics_fail_is_dropped_not_the_run(fault
 
 
 def test_group_statistics_are_checked_naming_client_and_round():
-    good = (np.array([1.0, 2.0]), np.array([3.0, 2.0]))
+    acc = np.array([5.0, 9.0])
+    good = (np.array([1.0, 2.0]), np.array([3.0, 2.0]), acc)
     check_group_stats(good, 2, 4, 7)
-    for bad, text in [((np.array([1.0]), np.array([3.0])), "expected (2,)"),
-                      ((np.array([np.nan, 2.0]), np.array([3.0, 2.0])), "not finite"),
-                      ((np.array([4.0, 2.0]), np.array([3.0, 2.0])), "0 <= TP <= positives"),
-                      ((np.array([-1.0, 0.0]), np.array([3.0, 2.0])), "0 <= TP <= positives"),
-                      ([1, 2], "not a (TP, positives) pair")]:
+    for bad, text in [((np.array([1.0]), np.array([3.0]), acc), "expected (2,)"),
+                      ((np.array([np.nan, 2.0]), np.array([3.0, 2.0]), acc), "not finite"),
+                      ((np.array([1.0, 2.0]), np.array([3.0, 2.0]), np.array([np.nan, 9.0])), "not finite"),
+                      ((np.array([4.0, 2.0]), np.array([3.0, 2.0]), acc), "0 <= TP <= positives"),
+                      ((np.array([-1.0, 0.0]), np.array([3.0, 2.0]), acc), "0 <= TP <= positives"),
+                      ((np.array([1.0, 2.0]), np.array([3.0, 2.0]), np.array([10.0, 9.0])), "0 <= correct <= total"),
+                      ((np.array([1.0, 2.0]), np.array([3.0, 2.0])), "not a (TP, positives, (correct, total))"),
+                      ([1, 2], "not a (TP, positives, (correct, total))")]:
         with pytest.raises(ClientFault, match=r"client 4, round 7: group statistics") as err:
             check_group_stats(bad, 2, 4, 7)
         assert text in str(err.value)

@@ -147,7 +147,7 @@ def test_swa_cycle_learning_rate_and_averaging_rounds():
 
 def test_swa_model_is_the_average_of_cycle_end_models_and_is_the_one_evaluated():
     s = FederationSettings(rounds=8, swa_start=2, swa_every=2)
-    fed = SimpleNamespace(settings=s)
+    fed = SimpleNamespace(settings=s, swa_bn_mask=None)  # no BatchNorm: every entry is averaged
     state = ServerState(round_idx=-1, theta=torch.zeros(2), int_buffers={})
     thetas = {r: torch.tensor([float(r), 2.0 * r]) for r in range(8)}
     for r in range(8):
@@ -168,7 +168,8 @@ def test_algorithm_presets_compose():
     assert (cf.lambda_task, cf.lambda_curv, rule["curvfed"], cf.keep_best_epoch) == (0.08, 0.92, "SharpnessAware", True)
     assert cf.sam_rho > 0 and cf.swa_start is not None and cf.report_fim
     assert (rule["fedsam"], sam.sam_rho, sam.swa_start, sam.lambda_curv) == ("FedAvg", 0.05, None, 0.0)
-    assert (rule["fedswa"], swa.sam_rho, swa.swa_start) == ("FedAvg", 0.0, cf.swa_start)
+    assert (rule["fedswa"], swa.sam_rho, swa.swa_start, swa.swa_every, swa.swa_bn_update) == ("FedAvg", 0.0, 0.75, 1,
+                                                                                           True)
 
 
 # --- mechanism check, UFM bootstrap SE, relative gate ----------------------------------------------------

@@ -1,0 +1,405 @@
+"""`resfl frontier`: the privacy-utility frontier of RESFL's adversary phi (issue 28) and the pre-registered choice
+of its strength (conf/table/adversary_frontier.yaml; the rule: analysis/frontier_rule.py).
+
+Tuning: every grid point (phi strength x lambda_priv) and baseline on the tuning seeds, attack=privacy, trained by
+analysis/runner.py (resumable: a finished run is reused once its saved config is checked to be what its command
+composes to now); writes frontier.md (grid, rule, per-point means with Student-t intervals, verdicts, the selected
+point), frontier.png and selection.json. Confirmation (--confirm): the selected point, RESFL's default and FedAvg on
+the confirmation seeds, paired by seed; writes confirmation.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.frontier_rule import PointSummary, Selection, select_point, utility_floor
+from resfl_lightning.analysis.run_settings import finished_run_mismatch
+from resfl_lightning.analysis.runner import is_finished, run_jobs
+from resfl_lightning.analysis.table import default_out, table_preset
+from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
+from resfl_lightning.resources import conf_dir
+
+UTILITY = "utility"  # the rule's utility metric (accuracy or mAP@50), stored under this key per seed
+METRICS = ((UTILITY, "utility"), ("attack/aia_balanced_accuracy", "AIA bal. acc."),
+           ("attack/update_aia_balanced_accuracy", "update-AIA bal. acc."),
+           ("attack/mia_success_rate", "MIA bal. acc."), ("test/delta_eop", "ΔEOP"),
+           ("score/fairness", "Fairness Score"))
+
+
+class FrontierError(RuntimeError):
+    """The frontier cannot be made as asked; the message says why."""
+
+
+def grid_file() -> Path:
+    return conf_dir() / "table" / "adversary_frontier.yaml"
+
+
+@dataclass(frozen=True)
+class Grid:
+    method: str
+    strengths: dict[str, str]  # strength -> conf/adversary/ preset, weakest first
+    lambdas: list[float]
+    tuning_seeds: list[int]
+    confirmation_seeds: list[int]
+    baselines: list[str]
+    attacks: list[str]
+    default: tuple[str, float]
+    rule: dict
+    text: str  # the file as written (quoted in frontier.md)
+
+
+def load_grid(path: Path | None = None) -> Grid:
+    path = Path(path or grid_file())
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        grid = Grid(method=str(raw["method"]), strengths={str(k): str(v) for k, v in raw["strengths"].items()},
+                    lambdas=[float(x) for x in raw["lambda_priv"]], tuning_seeds=[int(s) for s in raw["tuning_seeds"]],
+                    confirmation_seeds=[int(s) for s in raw["confirmation_seeds"]],
+                    baselines=[str(b) for b in raw["baselines"]], attacks=[str(a) for a in raw["attacks"]],
+                    default=(str(raw["default"]["strength"]), float(raw["default"]["lambda_priv"])), rule=raw["rule"],
+                    text=path.read_text())
+        missing = [k for k in ("minimise", "utility", "fairness") if k not in grid.rule]
+        if missing:
+            raise KeyError(f"rule.{missing[0]}")
+    except (KeyError, TypeError, AttributeError) as err:
+        raise FrontierError(f"{path}: missing or malformed key {err}") from None
+    missing = [p for p in grid.strengths.values() if not (conf_dir() / "adversary" / f"{p}.yaml").is_file()]
+    if missing:
+        raise FrontierError(f"{path}: strengths: no conf/adversary/ preset {missing}")
+    if grid.default[0] not in grid.strengths or grid.default[1] not in grid.lambdas:
+        raise FrontierError(f"{path}: default {grid.default} is not a grid point")
+    if set(grid.tuning_seeds) & set(grid.confirmation_seeds):
+        raise FrontierError(f"{path}: tuning and confirmation seeds overlap")
+    if "fedavg" not in grid.baselines:
+        raise FrontierError(f"{path}: baselines must include fedavg (the utility reference)")
+    return grid
+
+
+@dataclass(frozen=True)
+class Point:
+    """A run configuration: a grid point (strength, lambda_priv) or a baseline method."""
+
+    strength: str | None = None
+    lambda_priv: float | None = None
+    baseline: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.baseline or f"{self.strength}, λ_priv={self.lambda_priv:g}"
+
+    def dir_name(self, grid: Grid, seed: int) -> str:
+        if self.baseline:
+            return f"{self.baseline}-s{seed}"
+        if self.lambda_priv == 0:  # no phi is trained: one run for every strength
+            return f"{grid.method}-lp0-s{seed}"
+        return f"{grid.method}-{self.strength}-lp{self.lambda_priv:g}-s{seed}"
+
+    def overrides(self, grid: Grid) -> list[str]:
+        if self.baseline:
+            return [f"algorithm={self.baseline}"]
+        strength = next(iter(grid.strengths)) if self.lambda_priv == 0 else self.strength
+        return [f"algorithm={grid.method}", f"adversary={grid.strengths[strength]}",
+                f"algorithm.lambda_priv={self.lambda_priv}"]
+
+
+def frontier_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
+    """runs/frontier-<dataset>-<scenario>[-<dataset.* override values>] (as `resfl table` names its folder)."""
+    table = default_out(dataset, scenario, overrides)
+    return table.with_name("frontier-" + table.name.removeprefix("table-"))
+
+
+def grid_points(grid: Grid) -> list[Point]:
+    return [Point(s, lam) for s in grid.strengths for lam in grid.lambdas]
+
+
+def run_overrides(grid: Grid, point: Point, dataset: str, scenario: str, seed: int, run_dir: Path,
+                  overrides: list[str]) -> list[str]:
+    """One run's Hydra overrides: the common ones, the point's, then the user's (which win)."""
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *point.overrides(grid),
+            f"seed={seed}", "attack=privacy", f"attack.enabled=[{','.join(grid.attacks)}]", f"run_dir={run_dir}",
+            "logger=none", "progress=false", *overrides]
+
+
+def train(grid: Grid, points: list[Point], seeds: list[int], dataset: str, scenario: str, out: Path,
+          overrides: list[str], workers: int) -> list[str]:
+    """Train every (point, seed) not finished yet (a shared run once); refuses finished runs trained with other
+    settings. Returns the failures' messages."""
+    jobs: dict[Path, list[str]] = {}
+    for p in points:
+        for s in seeds:
+            rd = out / p.dir_name(grid, s)
+            jobs.setdefault(rd, run_overrides(grid, p, dataset, scenario, s, rd, overrides))
+    stale = []
+    for rd, ov in jobs.items():
+        diff = finished_run_mismatch(rd, ov) if is_finished(rd) else []
+        if diff:
+            stale.append(f"{rd}: " + "; ".join(diff[:4]) + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""))
+    if stale:
+        raise FrontierError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+                            "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
+    return run_jobs(list(jobs.items()), workers)
+
+
+def _finite(summary: dict, key: str) -> float | None:
+    v = summary.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+
+
+def run_values(run_dir: Path) -> dict[str, float | None] | None:
+    """The frontier's metrics of one finished run (None: it did not finish). Utility: accuracy for classification,
+    mAP@50 for detection (the rule's metrics)."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
+    out = {key: _finite(summary, key) for key, _ in METRICS if key != UTILITY}
+    out[UTILITY] = _finite(summary, "test/map_50" if task == "detection" else "test/accuracy")
+    out["task"] = task
+    return out
+
+
+def collect(grid: Grid, points: list[Point], seeds: list[int], out: Path) -> dict[str, dict[int, dict]]:
+    """point label -> seed -> metric values (finished runs only)."""
+    values: dict[str, dict[int, dict]] = {}
+    for p in points:
+        values[p.label] = {}
+        for s in seeds:
+            v = run_values(out / p.dir_name(grid, s))
+            if v is not None:
+                values[p.label][s] = v
+    return values
+
+
+def series(values: dict[int, dict], key: str) -> dict[int, float | None]:
+    return {s: v.get(key) for s, v in values.items()}
+
+
+def summarise_points(grid: Grid, values: dict[str, dict[int, dict]]) -> tuple[list[PointSummary], float, str]:
+    """Each grid point's rule inputs, the utility floor and the task."""
+    tasks = {v["task"] for runs in values.values() for v in runs.values()}
+    if len(tasks) != 1:
+        raise FrontierError(f"the runs hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
+    task = tasks.pop()
+    u = grid.rule["utility"][task]
+    fedavg = t_test(list(series(values["fedavg"], UTILITY).values()))
+    floor = utility_floor(task, fedavg.mean, float(u.get("min_minus", 0.0)), float(u.get("min_times", 1.0)))
+    fair = grid.rule["fairness"]
+    default = Point(*grid.default).label
+    ranks = {s: i for i, s in enumerate(grid.strengths)}
+    out = []
+    for p in grid_points(grid):
+        runs = values[p.label]
+        if p.label == default:
+            upper = 0.0  # the default against itself: the difference is identically 0
+        else:
+            upper = paired_t(series(runs, fair["metric"]), series(values[default], fair["metric"]),
+                             float(fair["confidence"])).high
+        out.append(PointSummary(p.strength, p.lambda_priv, ranks[p.strength],
+                                t_test(list(series(runs, grid.rule["minimise"]).values())).mean,
+                                t_test(list(series(runs, UTILITY).values())).mean, upper))
+    return out, floor, task
+
+
+def _cell(t: TTest) -> str:
+    if t.n == 0:
+        return "n/a"
+    return f"{t.mean:.3f}" if t.n < 2 else f"{t.mean:.3f} [{t.low:.3f}, {t.high:.3f}]"
+
+
+def _diff_cell(t: TTest) -> str:
+    return "n/a" if t.n < 2 else f"{t.mean:+.3f} [{t.low:+.3f}, {t.high:+.3f}] (n={t.n})"
+
+
+def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]], summaries: list[PointSummary],
+                      floor: float, task: str, selection: Selection, failures: list[str]) -> str:
+    pct = round(100 * float(grid.rule["fairness"]["confidence"]))
+    lines = [header, "", "The grid and the selection rule, as pre-registered (conf/table/adversary_frontier.yaml):",
+             "", "```yaml", grid.text.rstrip(), "```", "",
+             f"Per point: mean [{pct} % Student-t interval] over the tuning seeds (n = seeds with a value). "
+             f"Utility: {'mAP@50' if task == 'detection' else 'accuracy'}; floor {floor:.4f} (from FedAvg's mean). "
+             "update-AIA: n/a where the attack does not apply (IID shards: no shadow client fits).", "",
+             "| point | n | " + " | ".join(h for _, h in METRICS) + " | Fairness − default (paired) | verdict |",
+             "| --- | ---: |" + " ---: |" * len(METRICS) + " ---: | --- |"]
+    default = Point(*grid.default).label
+    by_name = {s.name: s for s in summaries}
+    labels = [p.label for p in grid_points(grid)] + list(grid.baselines)
+    for label in labels:
+        runs = values.get(label, {})
+        cells = [_cell(t_test(list(series(runs, k).values()))) for k, _ in METRICS]
+        if label in by_name:
+            fair = grid.rule["fairness"]["metric"]
+            diff = "—" if label == default else _diff_cell(paired_t(series(runs, fair), series(values[default], fair)))
+            verdict = selection.verdicts[label]
+        else:
+            diff, verdict = "—", "baseline"
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells) + f" | {diff} | {verdict} |")
+    lines += ["", f"**Selection:** {selection.reason}.", "", "![frontier](frontier.png)"]
+    if failures:
+        lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Selection, path: Path,
+                  title: str) -> None:
+    """AIA balanced accuracy against utility: one line per phi strength over lambda_priv, the baselines as points;
+    error bars are the Student-t intervals of the means."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    aia = grid.rule["minimise"]
+
+    def xy(label):
+        u, a = (t_test(list(series(values.get(label, {}), k).values())) for k in (UTILITY, aia))
+        return u, a
+
+    def err(t):
+        return 0.0 if t.n < 2 else t.high - t.mean
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    for strength in grid.strengths:
+        pts = [(lam, *xy(Point(strength, lam).label)) for lam in grid.lambdas]
+        pts = [(lam, u, a) for lam, u, a in pts if u.n and a.n]
+        if not pts:
+            continue
+        line = ax.errorbar([u.mean for _, u, _ in pts], [a.mean for _, _, a in pts],
+                           xerr=[err(u) for _, u, _ in pts], yerr=[err(a) for _, _, a in pts], marker="o",
+                           capsize=3, label=f"RESFL, {strength} φ")
+        for lam, u, a in pts:
+            ax.annotate(f"{lam:g}", (u.mean, a.mean), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=line[0].get_color())
+    for marker, baseline in zip("sD^v", grid.baselines):
+        u, a = xy(baseline)
+        if u.n and a.n:
+            ax.errorbar([u.mean], [a.mean], xerr=[err(u)], yerr=[err(a)], marker=marker, linestyle="none",
+                        capsize=3, color="black" if baseline == "fedavg" else "grey", label=baseline)
+    if selection.selected is not None:
+        u, a = xy(Point(selection.selected.strength, selection.selected.lambda_priv).label)
+        ax.scatter([u.mean], [a.mean], s=250, marker="*", facecolors="none", edgecolors="red", label="selected")
+    ax.set_xlabel("utility (accuracy, or mAP@50 for detection) ↑")
+    ax.set_ylabel("AIA balanced accuracy ↓")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _header_tail(runs: int, total: float, out: Path, runs_dirs: list[Path]) -> str:
+    walls = [rd / "table_wall_s.json" for rd in runs_dirs]
+    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    return f"{runs} runs; this invocation took {total:.0f} s; the runs' own wall times sum to {run_walls:.0f} s"
+
+
+def run_frontier(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
+                 results: Path | None = None, grid_path: Path | None = None,
+                 command: str = "resfl frontier") -> tuple[Path, Selection]:
+    """The tuning stage: train, select, write OUT/frontier.md, frontier.png, selection.json (and the results copy)."""
+    grid = load_grid(grid_path)
+    out = out or frontier_out(dataset, scenario, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    points = grid_points(grid) + [Point(baseline=b) for b in grid.baselines]
+    t0 = time.perf_counter()
+    failures = train(grid, points, grid.tuning_seeds, dataset, scenario, out, overrides, workers)
+    values = collect(grid, points, grid.tuning_seeds, out)
+    if not values["fedavg"]:
+        raise FrontierError("no FedAvg run finished: the utility floor is undefined\n" + "\n".join(failures))
+    summaries, floor, task = summarise_points(grid, values)
+    selection = select_point(summaries, floor, float(grid.rule["fairness"]["max_upper"]))
+    dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.tuning_seeds})
+    title = f"Adversary frontier: {dataset}, scenario {scenario}"
+    header = (f"# {title} ({len(grid_points(grid))} grid points and {len(grid.baselines)} baselines x "
+              f"{len(grid.tuning_seeds)} tuning seeds; " + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs)
+              + ")")
+    text = frontier_markdown(grid, header, values, summaries, floor, task, selection, failures)
+    (out / "frontier.md").write_text(text)
+    plot_frontier(grid, values, selection, out / "frontier.png", title)
+    chosen = selection.selected
+    (out / "selection.json").write_text(json.dumps({
+        "selected": None if chosen is None else {"strength": chosen.strength, "lambda_priv": chosen.lambda_priv},
+        "reason": selection.reason, "utility_floor": floor, "task": task, "grid": grid.text}, indent=1))
+    if results is not None:
+        _write_results(results, out, "frontier", text, command, time.perf_counter() - t0)
+    if failures:
+        raise FrontierError(f"{len(failures)} runs failed (frontier.md in {out} lists them; re-run the same command "
+                            "to retry them):\n" + "\n".join(failures))
+    return out, selection
+
+
+def _write_results(results: Path, out: Path, kind: str, text: str, command: str, wall: float) -> None:
+    """RESULTS/<out name>[-confirmation].md with its provenance, and the figure beside it."""
+    import shutil
+
+    from resfl_lightning.analysis.provenance import write_results
+
+    name = out.name if kind == "frontier" else f"{out.name}-confirmation"
+    if kind == "frontier":
+        results.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "frontier.png", results / f"{out.name}.png")
+        text = text.replace("](frontier.png)", f"]({out.name}.png)")
+    write_results(results / f"{name}.md", text, command, wall_s=wall, writer="resfl frontier")
+
+
+def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
+                     results: Path | None = None, grid_path: Path | None = None,
+                     command: str = "resfl frontier --confirm") -> Path:
+    """The confirmation stage: the selected point (OUT/selection.json), the default and FedAvg on the confirmation
+    seeds; writes OUT/confirmation.md with paired differences and their Student-t intervals."""
+    grid = load_grid(grid_path)
+    out = out or frontier_out(dataset, scenario, overrides)
+    path = out / "selection.json"
+    if not path.is_file():
+        raise FrontierError(f"{path} does not exist: run the tuning stage (the same command without --confirm) first")
+    saved = json.loads(path.read_text())
+    if saved.get("grid") != grid.text:
+        raise FrontierError(f"{path} was selected under another grid file than {grid_path or grid_file()}; a "
+                            "confirmation must test what the pre-registered rule selected")
+    if saved["selected"] is None:
+        raise FrontierError(f"nothing to confirm: {saved['reason']}")
+    selected = Point(saved["selected"]["strength"], float(saved["selected"]["lambda_priv"]))
+    default, fedavg = Point(*grid.default), Point(baseline="fedavg")
+    points = list(dict.fromkeys([selected, default, fedavg]))
+    t0 = time.perf_counter()
+    failures = train(grid, points, grid.confirmation_seeds, dataset, scenario, out, overrides, workers)
+    values = collect(grid, points, grid.confirmation_seeds, out)
+    pct = round(100 * float(grid.rule["fairness"]["confidence"]))
+    dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.confirmation_seeds})
+    lines = [f"# Adversary frontier, confirmation: {dataset}, scenario {scenario} (selected {selected.label} vs "
+             f"RESFL default {default.label} vs FedAvg, {len(grid.confirmation_seeds)} confirmation seeds "
+             f"{grid.confirmation_seeds[0]}-{grid.confirmation_seeds[-1]}; "
+             + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs) + ")", "",
+             f"Selected on the tuning seeds {grid.tuning_seeds}: {saved['reason']}.", "",
+             f"Means [{pct} % Student-t interval] over the confirmation seeds:", "",
+             "| run | n | " + " | ".join(h for _, h in METRICS) + " |", "| --- | ---: |" + " ---: |" * len(METRICS)]
+    for p in points:
+        runs = values[p.label]
+        lines.append(f"| {p.label} | {len(runs)} | "
+                     + " | ".join(_cell(t_test(list(series(runs, k).values()))) for k, _ in METRICS) + " |")
+    pairs = [(selected, default), (selected, fedavg), (default, fedavg)]
+    lines += ["", f"Paired differences by seed: mean [{pct} % Student-t interval] (n = seeds where both have a "
+              "value). The selection confirms if utility stays within the rule's floor, the AIA difference to the "
+              "default is negative with an interval below 0, and the Fairness Score difference's upper end is <= "
+              f"{grid.rule['fairness']['max_upper']}.", "",
+              "| difference | " + " | ".join(h for _, h in METRICS) + " |", "| --- |" + " ---: |" * len(METRICS)]
+    for a, b in pairs:
+        if a == b:
+            continue
+        cells = [_diff_cell(paired_t(series(values[a.label], k), series(values[b.label], k),
+                                     float(grid.rule["fairness"]["confidence"]))) for k, _ in METRICS]
+        lines.append(f"| {a.label} − {b.label} | " + " | ".join(cells) + " |")
+    if failures:
+        lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
+    text = "\n".join(lines) + "\n"
+    (out / "confirmation.md").write_text(text)
+    if results is not None:
+        _write_results(results, out, "confirmation", text, command, time.perf_counter() - t0)
+    if failures:
+        raise FrontierError(f"{len(failures)} runs failed:\n" + "\n".join(failures))
+    return out

@@ -1,0 +1,55 @@
+"""`resfl frontier`: the privacy-utility frontier of RESFL's adversary phi and its pre-registered selection
+(conf/table/adversary_frontier.yaml; resfl_lightning/analysis/frontier.py).
+
+Without --confirm: every grid point (phi strength x lambda_priv) plus FedAvg and FedAvg-DP on the tuning seeds with
+attack=privacy, then OUT/frontier.md (grid, rule, per-point means with t-intervals, the selected point),
+OUT/frontier.png and OUT/selection.json. With --confirm: the selected point, RESFL's default and FedAvg on the
+confirmation seeds, then OUT/confirmation.md (paired differences with t-intervals). Runs are resumable (a finished
+run is reused once its saved config matches its command); --results DIR also writes the markdown (and figure) there
+with the command, commit, date, machine and wall time."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="resfl frontier", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="adult")
+    p.add_argument("--scenario", default="iid")
+    p.add_argument("--confirm", action="store_true", help="run the confirmation of OUT/selection.json")
+    p.add_argument("--grid", type=Path, default=None, help="default conf/table/adversary_frontier.yaml")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default runs/frontier-<dataset>-<scenario>[-<dataset.* overrides>]")
+    p.add_argument("--results", type=Path, default=None, help="also write the markdown and figure into this folder")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    from resfl_lightning.analysis.frontier import FrontierError, run_confirmation, run_frontier
+
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    command = shlex.join(["resfl", "frontier", *argv])
+    try:
+        if args.confirm:
+            out = run_confirmation(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,
+                                   args.results, args.grid, command)
+            print((out / "confirmation.md").read_text())
+        else:
+            out, selection = run_frontier(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,
+                                          args.results, args.grid, command)
+            print((out / "frontier.md").read_text())
+            print(selection.reason)
+    except FrontierError as err:
+        raise SystemExit(str(err)) from None
+    return 0

@@ -1,0 +1,159 @@
+"""`resfl frontier`: the pre-registered selection rule on hand-made numbers, the grid file, each run's composed
+settings, and (slow) the command end to end on a tiny grid."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.frontier import Point, grid_points, load_grid, run_overrides
+from resfl_lightning.analysis.frontier_rule import PointSummary, select_point, utility_floor
+
+
+def point(strength: str, lam: float, aia: float, utility: float = 0.85, upper: float = -0.01) -> PointSummary:
+    return PointSummary(strength, lam, {"weak": 0, "strong": 1}[strength], aia, utility, upper)
+
+
+def test_utility_floor_per_task():
+    assert utility_floor("classification", 0.850, 0.005, 0.98) == pytest.approx(0.845)
+    assert utility_floor("detection", 0.50, 0.005, 0.98) == pytest.approx(0.49)
+    with pytest.raises(ValueError, match="task"):
+        utility_floor("regression", 0.5, 0.005, 0.98)
+
+
+def test_the_utility_constraint_excludes_a_point_with_better_aia_but_worse_utility():
+    cheap = point("strong", 1.0, aia=0.60, utility=0.838)  # the lowest AIA, but 0.838 < 0.845
+    good = point("strong", 0.3, aia=0.70, utility=0.846)
+    weak = point("weak", 0.1, aia=0.85, utility=0.851)
+    sel = select_point([weak, good, cheap], floor=0.845)
+    assert sel.selected == good
+    assert sel.verdicts[cheap.name].startswith("excluded: utility 0.8380 < floor 0.8450")
+    assert sel.verdicts[weak.name] == "feasible"
+
+
+def test_the_fairness_constraint_excludes_a_worse_or_undetermined_fairness_score():
+    unfair = point("strong", 1.0, aia=0.60, upper=0.004)  # upper end of (candidate - default) above 0
+    unknown = point("strong", 0.3, aia=0.62, upper=math.nan)  # fewer than 2 paired seeds
+    fair = point("weak", 0.3, aia=0.75, upper=0.0)  # "no worse" includes an upper end of exactly 0
+    sel = select_point([unfair, unknown, fair], floor=0.8)
+    assert sel.selected == fair
+    assert "Fairness Score vs default" in sel.verdicts[unfair.name]
+    assert "undefined" in sel.verdicts[unknown.name]
+
+
+def test_ties_go_to_the_smaller_lambda_then_the_weaker_phi():
+    a = point("strong", 0.1, aia=0.70)
+    b = point("weak", 0.3, aia=0.70)
+    c = point("weak", 0.1, aia=0.70)
+    assert select_point([a, b, c], floor=0.8).selected == c
+    assert select_point([a, b], floor=0.8).selected == a  # smaller lambda first, whatever the strength
+    sel = select_point([point("strong", 0.3, 0.70), point("weak", 0.3, 0.70)], floor=0.8)
+    assert sel.selected.strength == "weak" and "tie on AIA among 2 points" in sel.reason
+
+
+def test_no_feasible_point_selects_none_and_says_why():
+    sel = select_point([point("weak", 0.1, 0.8, utility=0.5), point("strong", 0.1, math.nan)], floor=0.8)
+    assert sel.selected is None and sel.reason.startswith("none selected")
+    assert "no AIA" in sel.verdicts["strong, λ_priv=0.1"]
+    assert select_point([], floor=0.8).selected is None
+
+
+def test_the_registered_grid():
+    grid = load_grid()
+    assert grid.strengths == {"weak": "paper_minimal", "strong": "strong"}
+    assert grid.lambdas == [0.0, 0.03, 0.1, 0.3, 1.0]
+    assert grid.tuning_seeds == list(range(100, 105)) and grid.confirmation_seeds == list(range(110, 120))
+    assert grid.baselines == ["fedavg", "fedavg_dp"] and grid.default == ("weak", 0.1)
+    assert grid.rule["utility"]["classification"]["min_minus"] == 0.005
+    assert grid.rule["utility"]["detection"]["min_times"] == 0.98
+    assert grid.rule["fairness"]["max_upper"] == 0.02 and grid.rule["minimise"] == "attack/aia_balanced_accuracy"
+
+
+def test_each_run_composes_to_its_point(tmp_path: Path):
+    from resfl_lightning.analysis.run_settings import composed_settings
+
+    grid = load_grid()
+    points = grid_points(grid)
+    assert len(points) == 10
+    dirs = {p.dir_name(grid, 100) for p in points}
+    assert len(dirs) == 9  # lambda_priv = 0 trains no phi: one run serves both strengths
+    for p in (Point("strong", 0.3), Point("weak", 0.03), Point(baseline="fedavg_dp")):
+        cfg = composed_settings(run_overrides(grid, p, "adult", "iid", 101, tmp_path / "r", ["federation.rounds=2"]))
+        alg = cfg["algorithm"]
+        assert cfg["seed"] == 101 and cfg["federation"]["rounds"] == 2
+        assert cfg["attack"]["enabled"] == ["mia", "aia", "update_aia", "eod"]
+        if p.baseline:
+            assert alg["name"].startswith("fedavg_dp")
+            continue
+        assert alg["name"] == "resfl" and alg["lambda_priv"] == p.lambda_priv
+        strong = p.strength == "strong"
+        assert (alg["adversary_steps"], alg["adversary_lr"]) == ((5, 0.01) if strong else (1, 0.001))
+
+
+TINY_GRID = """
+method: resfl
+strengths: {weak: paper_minimal, strong: strong}
+lambda_priv: [0.3]
+tuning_seeds: [100]
+confirmation_seeds: [110]
+baselines: [fedavg]
+attacks: [aia]
+default: {strength: weak, lambda_priv: 0.3}
+rule:
+  minimise: attack/aia_balanced_accuracy
+  utility:
+    classification: {metric: test/accuracy, min_minus: 1.0}
+    detection: {metric: test/map_50, min_times: 0.0}
+  fairness: {metric: score/fairness, confidence: 0.95, max_upper: 0.0}
+"""
+
+
+@pytest.mark.slow
+def test_frontier_end_to_end_on_a_tiny_grid(adult_dir: Path, tmp_path: Path):
+    from resfl_lightning.cli.frontier import main
+
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(TINY_GRID)
+    out, results = tmp_path / "frontier", tmp_path / "results"
+    args = ["--dataset", "adult", "--grid", str(grid_path), "--out", str(out), "--jobs", "1",
+            f"dataset.root={adult_dir}", "federation.rounds=1"]
+    assert main([*args, "--results", str(results)]) == 0
+    text = (out / "frontier.md").read_text()
+    assert text.startswith("# Adversary frontier: adult, scenario iid (2 grid points and 1 baselines x 1 tuning seeds")
+    assert OmegaConf.create(text.split("```yaml\n")[1].split("```")[0]) == OmegaConf.create(TINY_GRID)
+    for label in ("| weak, λ_priv=0.3 | 1 |", "| strong, λ_priv=0.3 | 1 |", "| fedavg | 1 |"):
+        assert label in text
+    # one seed: the strong point has no paired interval against the default, which is the only feasible point
+    assert "undefined (fewer than 2 paired seeds)" in text
+    assert "**Selection:** selected weak, λ_priv=0.3" in text
+    assert json.loads((out / "selection.json").read_text())["selected"] == {"strength": "weak", "lambda_priv": 0.3}
+    assert (out / "frontier.png").stat().st_size > 10_000
+    published = (results / "frontier.md").read_text()
+    assert "- command: `resfl frontier --dataset adult" in published and "(frontier.png)" in published
+    assert (results / "frontier.png").is_file()
+    strong_run = OmegaConf.load(out / "resfl-strong-lp0.3-s100" / "config.yaml")
+    assert strong_run.algorithm.adversary_steps == 5 and strong_run.algorithm.lambda_priv == 0.3
+    before = (out / "fedavg-s100" / "table_wall_s.json").read_text()
+    assert main(args) == 0  # resumable: nothing is trained again
+    assert (out / "fedavg-s100" / "table_wall_s.json").read_text() == before
+
+    assert main([*args, "--confirm"]) == 0
+    confirmation = (out / "confirmation.md").read_text()
+    assert (out / "resfl-weak-lp0.3-s110" / "summary.json").is_file() and (out / "fedavg-s110").is_dir()
+    assert not (out / "resfl-strong-lp0.3-s110").exists()  # only the selected point, the default and FedAvg
+    assert "| weak, λ_priv=0.3 − fedavg | n/a" in confirmation  # one seed: no interval
+
+
+def test_confirm_refuses_without_a_selection(tmp_path: Path):
+    from resfl_lightning.cli.frontier import main
+
+    with pytest.raises(SystemExit, match="run the tuning stage"):
+        main(["--confirm", "--out", str(tmp_path)])
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": None, "reason": "none selected: x",
+                                                        "grid": load_grid().text}))
+    with pytest.raises(SystemExit, match="nothing to confirm: none selected"):
+        main(["--confirm", "--out", str(tmp_path)])
