@@ -48,13 +48,15 @@ class ServerRoot:
 
     def __init__(self, federation, model, layout, size: int):
         data = _unwrapped(federation.data)
+        n_reserve = len(data.splits.reserve)
+        if size > n_reserve // 2:  # the privacy attacks keep at least half the reserve other methods get in full
+            warnings.warn(f"aggregation.root_size={size} capped at {n_reserve // 2}, half the attack reserve of "
+                          f"{n_reserve} items (MIA / AIA of this run use the other half; methods without a root split "
+                          "use all of it): raise dataset.reserve_fraction for a larger root split",
+                          RuntimeWarning, stacklevel=2)
+            size = n_reserve // 2
         self.indices, rest = root_indices(data.splits.reserve, size, federation.settings.seed)
         data.splits = dataclasses.replace(data.splits, reserve=rest)  # carve: later reserve users never see it
-        if len(rest) < size:  # the privacy attacks of this run then work on far fewer items than other methods'
-            warnings.warn(f"the server's root split takes {size} of the {size + len(rest)} attack-reserve items; "
-                          f"MIA / AIA of this run use the remaining {len(rest)} (methods without a root split use "
-                          f"all {size + len(rest)}): raise dataset.reserve_fraction or lower aggregation.root_size",
-                          RuntimeWarning, stacklevel=2)
         self.data, self.fabric, self.settings = data, federation.fabric, federation.settings
         self.model, self.layout = model, layout
         self.loader = data.loader_for(self.indices)

@@ -34,6 +34,11 @@ from resfl_lightning.types import ClientReport
 
 PER_CLIENT_KINDS = ("sign_flip", "scaling")
 OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum")
+
+
+def needs_spread(settings: ByzantineSettings) -> bool:
+    """Kinds whose vector uses the honest updates' standard deviation (undefined for one honest update)."""
+    return settings.kind == "alie" or (settings.kind in ("min_max", "min_sum") and settings.perturbation == "std")
 DATA_KINDS = ("label_flip",)
 KINDS = PER_CLIENT_KINDS + OMNISCIENT_KINDS + DATA_KINDS
 _GAUSSIAN_STREAM = 0x474155
@@ -118,6 +123,11 @@ class ByzantineRound(ByzantineUpdate):
         if not honest:
             warnings.warn(f"round {round_idx}: every client is a Byzantine attacker; an omniscient attack observes no "
                           "honest update, so the attackers send their own updates and report as themselves",
+                          RuntimeWarning, stacklevel=2)
+            return reports, deltas
+        if needs_spread(self.settings) and len(honest) < 2:
+            warnings.warn(f"round {round_idx}: {self.settings.kind} needs the spread of at least 2 honest updates, "
+                          f"the round has {len(honest)}; the attackers send their own updates this round",
                           RuntimeWarning, stacklevel=2)
             return reports, deltas
         if self.settings.report == "mimic":

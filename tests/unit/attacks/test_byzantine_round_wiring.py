@@ -95,3 +95,12 @@ def test_ipm_attackers_send_minus_epsilon_times_the_honest_mean(tmp_path, clean)
     torch.testing.assert_close(attacked.theta1.double() - attacked.theta0.double(), step, atol=1e-6, rtol=1e-5)
     last = json.loads((fed.settings.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["attack/byzantine_weight_share"] == pytest.approx(sum(attacked.weights[c] for c in attackers))
+
+
+def test_alie_with_one_honest_update_leaves_the_round_alone_and_says_so(tmp_path, clean):
+    """ALIE needs the honest updates' spread; with one honest update it used to end the run (README commands at
+    small client counts). Now the attackers send their own updates that round, with a warning."""
+    with pytest.warns(RuntimeWarning, match="needs the spread of at least 2 honest updates"):
+        attacked, _ = _one_round(tmp_path, "alie", "attack=byzantine_alie", "attack.byzantine.fraction=0.75")
+    step = sum(attacked.weights[cid] * clean.deltas[cid].double() for cid in range(4))
+    torch.testing.assert_close(attacked.theta1.double() - attacked.theta0.double(), step, atol=1e-6, rtol=1e-5)
