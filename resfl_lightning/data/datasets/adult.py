@@ -16,8 +16,10 @@ ADULT_FILES = ("adult.data", "adult.test")
 
 
 def expected_num_features(ds: AdultDataset) -> int:
-    """Width of the preprocessed Adult features (105, less the sensitive block when dropped)."""
-    return len(adult_feature_names((ds.sensitive,) if ds.drop_sensitive else ()))
+    """Width of the preprocessed Adult features (105, less the sensitive block when dropped and the partition
+    column's block when clients come from it)."""
+    drop = ((ds.sensitive,) if ds.drop_sensitive else ()) + ((ds.partition_column,) if ds.partition == "column" else ())
+    return len(adult_feature_names(tuple(c for c in drop if c)))
 
 
 def adult_test_file_is_the_test_split(ds: AdultDataset) -> None:
@@ -44,7 +46,7 @@ def sensitive_feature_key_is_drop_sensitive(ds: AdultDataset) -> None:
 class AdultDataset(CsvDataset):
     checks = (one_source, bins_are_increasing, adult_test_file_is_the_test_split, feature_count_matches,
               sensitive_feature_key_is_drop_sensitive)
-    supports_column_partition = False  # adult.data has no natural client column
+    supports_column_partition = True  # e.g. occupation: conf/scenario/adult_occupation.yaml
 
     task: str = setting("classification", "income > 50K", choices=("classification",))
     root: str | None = setting(None, "folder with adult.data and adult.test")

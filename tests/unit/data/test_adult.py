@@ -168,3 +168,23 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, text:
 def test_bad_sensitive_name(adult_dir: Path):
     with pytest.raises(ValueError, match="'age'"):
         load_adult(adult_dir, sensitive="age")
+
+
+def test_occupation_scenario_gives_one_client_per_occupation_without_its_columns(adult_dir):
+    """scenario=adult_occupation: 14 clients, each holding exactly the rows of one occupation, and the model's inputs
+    lose occupation's 14 one-hot columns (the feature-count check used to demand 105)."""
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.config.load import instantiate, load_config
+    from resfl_lightning.data.datasets.base import FederatedDataset
+
+    cfg = load_config(composed_settings(["dataset=adult", f"dataset.root={adult_dir}", "scenario=adult_occupation"]))
+    ds = instantiate(cfg.dataset, FederatedDataset, "dataset")
+    data = ds.build(0)
+    assert data.num_clients == 14 and data.x.shape[1] == 91
+    names = list(data.splits.client_names)
+    frame = pd.read_csv(adult_dir / "adult.data", header=None, skipinitialspace=True, na_values=["?"]).dropna()
+    counts = frame[6].value_counts()  # occupation, column 7 of adult.names
+    sizes = {name: len(data.splits.client_indices(i)) for i, name in enumerate(names)}
+    reserve = len(data.splits.reserve)
+    assert sum(sizes.values()) + reserve == len(frame)
+    assert all(sizes[name] <= counts[name] for name in names)
