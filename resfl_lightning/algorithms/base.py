@@ -38,7 +38,10 @@ class Algorithm(Section):
     lambda_curv: float = setting(0.0, "weight of the Fisher curvature term", ge=0)
     grl_scale: float = setting(1.0, "gradient-reversal scale", ge=0)
     lambda_task: float = setting(1.0, "weight of the task loss (CurvFed: 1 - a)", ge=0)
-    w_fair: float = setting(0.0, "weight of the feature-mean gap L_fair (PUFFLE, PFU-FL, PrivFairFL-Pre)", ge=0)
+    w_fair: float = setting(0.0, "weight of the feature-mean gap L_fair (puffle_resfl, PFU-FL, PrivFairFL-Pre)", ge=0)
+    lambda_parity: float = setting(0.0, "PUFFLE's lambda: (1 - lambda) L_task + lambda x the demographic-parity gap "
+                                   "of the predictions (0: off; the paper tunes it in [0.05, 0.9], docs/method.md "
+                                   "§5a)", ge=0, lt=1)
     # phi's strength (conf/adversary/ presets; docs/method.md §2 gives each key's reason)
     adversary_hidden: int = setting(128, "hidden width of the adversary phi", ge=1)
     adversary_depth: int = setting(1, "hidden layers of phi (1: the paper's two-layer MLP; 0: a linear probe)", ge=0)
@@ -71,7 +74,8 @@ class Algorithm(Section):
 
         return LossWeights(lambda_priv=self.lambda_priv, lambda_fair=self.lambda_fair, lambda_curv=self.lambda_curv,
                            grl_scale=self.grl_scale, anneal_rounds=self.anneal_rounds, curv_iters=self.curv_iters,
-                           curv_params=self.curv_params, lambda_task=self.lambda_task, w_fair=self.w_fair)
+                           curv_params=self.curv_params, lambda_task=self.lambda_task, w_fair=self.w_fair,
+                           lambda_parity=self.lambda_parity)
 
     def adversary(self, rounds: int | None = None):
         """phi's settings; `rounds` (federation.rounds) is the horizon of the dann schedule's progress."""

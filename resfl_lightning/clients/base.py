@@ -31,7 +31,8 @@ class LossWeights:
     curv_params: str = "head"  # "head" or "all"
 
     lambda_task: float = 1.0  # CurvFed writes its loss as (1 - a) L_task + a L_curv: lambda_task = 1 - a
-    w_fair: float = 0.0  # PUFFLE / PFU-FL / PrivFairFL-Pre: weight of L_fair (losses/fairness.py)
+    w_fair: float = 0.0  # puffle_resfl / PFU-FL / PrivFairFL-Pre: weight of L_fair (losses/fairness.py)
+    lambda_parity: float = 0.0  # PUFFLE: (1 - lambda) task + lambda x parity gap of the predictions (losses/parity.py)
 
 
 @dataclass
@@ -339,16 +340,24 @@ class FederatedClient(L.LightningModule):
 
     def compose_loss(self, task: torch.Tensor, adv: torch.Tensor, unc_values: torch.Tensor,
                      unc_groups: torch.Tensor, per_sample: torch.Tensor | None,
-                     parts: dict[str, torch.Tensor], fair: torch.Tensor | None = None) -> torch.Tensor:
+                     parts: dict[str, torch.Tensor], fair: torch.Tensor | None = None,
+                     parity: torch.Tensor | None = None) -> torch.Tensor:
         """lambda_task task + L_adv (GRL-scaled) + lambda_fair L_unc(group-balanced) + lambda_curv L_curv
-        (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given).
+        (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given; PUFFLE's `parity` gap turns
+        the task weight into (1 - lambda_parity) lambda_task and adds lambda_parity x parity).
 
         L_adv enters unscaled: phi descends its own CE at its own learning rate, while the GRL hands theta
         -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (docs/method.md §2)."""
         w = self.weights
         unc = group_balanced_mean(unc_values, unc_groups) if unc_values.numel() else task * 0.0
-        loss = w.lambda_task * task + adv + w.lambda_fair * unc
+        if parity is None:
+            loss = w.lambda_task * task + adv + w.lambda_fair * unc
+        else:
+            loss = (1.0 - w.lambda_parity) * w.lambda_task * task + adv + w.lambda_fair * unc
         record = {**parts, "task": task.detach(), "adv": adv.detach(), "unc": unc.detach()}
+        if parity is not None:
+            loss = loss + w.lambda_parity * parity
+            record["parity"] = parity.detach()
         if fair is not None:
             loss = loss + w.w_fair * fair
             record["fair"] = fair.detach()

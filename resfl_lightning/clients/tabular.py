@@ -25,6 +25,7 @@ from resfl_lightning.clients.cohorts import effective_mode
 from resfl_lightning.losses.adversary import Adversary
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
 from resfl_lightning.losses.fairness import group_mean_distance
+from resfl_lightning.losses.parity import prediction_parity_gap
 from resfl_lightning.metrics.fairness import classification_fairness
 from resfl_lightning.metrics.ufm import (
     UFMResult,
@@ -117,7 +118,9 @@ class TabularClient(FederatedClient):
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
         fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
-        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair)
+        parity = prediction_parity_gap(out.logits, groups) if self.weights.lambda_parity > 0 else None
+        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair,
+                                 parity=parity)
 
     @torch.no_grad()
     def collect(self, loader) -> TabularPredictions:

@@ -21,21 +21,24 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name", ["fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre", "privfairfl_post"])
+@pytest.mark.parametrize("name", ["fedavg_dp", "puffle", "puffle_resfl", "pfu_fl", "privfairfl_pre",
+                                  "privfairfl_post"])
 def test_baseline_trains_end_to_end(tmp_path: Path, name: str):
     run_dir = tmp_path / name
     train(run_dir, f"algorithm={name}")
     last = rows(run_dir)[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "test/map" in summary and last["round"] == 1
-    if name in ("fedavg_dp", "puffle"):
+    if name in ("fedavg_dp", "puffle", "puffle_resfl"):
         spent = [last[f"client/{i}/dp_epsilon"] for i in range(2)]
         assert all(0 < e <= 1.0 + 1e-9 for e in spent)  # the whole budget over 2 rounds, never more
         assert summary["dp/epsilon_max"] == pytest.approx(max(spent))
     if name == "pfu_fl":  # clipping without noise: no finite epsilon
         assert last["client/0/dp_epsilon"] is None and "client/0/loss_fair" in last
-    if name in ("puffle", "privfairfl_pre"):
+    if name in ("puffle_resfl", "privfairfl_pre"):
         assert last["train/fair"] >= 0
+    if name == "puffle":
+        assert last["train/parity"] >= 0 and "train/fair" not in last
     if name == "privfairfl_post":
         assert last["calibration/temperature"] > 0 and "test/uncalibrated/delta_eop" in last
 

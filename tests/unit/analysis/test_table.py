@@ -154,7 +154,7 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
     # every conf/algorithm/ preset is a row, in the order the presets fix (fedavg, the baseline, first)
     assert algorithm_presets() == ["fedavg", "resfl", "resfl_af_cluster", "resfl_af_slices", "fairfed", "fedavg_dp",
                                    "puffle", "pfu_fl", "privfairfl_pre", "privfairfl_post", "curvfed", "fedsam",
-                                   "fedswa", "resfl_robust"]
+                                   "fedswa", "resfl_robust", "puffle_resfl"]
 
 
 @pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])

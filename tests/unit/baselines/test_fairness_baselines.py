@@ -1,4 +1,4 @@
-"""L_fair (PUFFLE / PFU-FL / PrivFairFL-Pre), PrivFairFL-Pre's pre-upload step, PrivFairFL-Post's calibration, and
+"""L_fair (puffle_resfl / PFU-FL / PrivFairFL-Pre), PrivFairFL-Pre's pre-upload step, PrivFairFL-Post's calibration, and
 that every new algorithm config composes and validates."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import toy_data
 
 torch.set_num_threads(1)
-ALGORITHMS = ("fedavg_dp", "puffle", "pfu_fl", "privfairfl_pre", "privfairfl_post")
+ALGORITHMS = ("fedavg_dp", "puffle", "puffle_resfl", "pfu_fl", "privfairfl_pre", "privfairfl_post")
 
 
 def test_group_mean_distance_hand_computed():
@@ -64,9 +64,9 @@ def test_algorithm_configs_compose_and_validate(name):
     load_config(cfg)
     rule = "uniform.Uniform" if name == "pfu_fl" else "fedavg.FedAvg"
     assert cfg.aggregation._target_ == f"resfl_lightning.aggregation.{rule}"
-    if name in ("fedavg_dp", "puffle", "pfu_fl"):
+    if name in ("fedavg_dp", "puffle", "puffle_resfl", "pfu_fl"):
         assert cfg.algorithm.dp.max_grad_norm == 1.0 and cfg.algorithm.dp.target_delta == 1e-6
-    if name in ("puffle", "pfu_fl", "privfairfl_pre"):
+    if name in ("puffle_resfl", "pfu_fl", "privfairfl_pre"):
         assert cfg.algorithm.w_fair == 0.1
     assert compose_config(f"algorithm={name}", "dataset=adult", "logger=none").model.hidden  # every dataset
 
