@@ -17,7 +17,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.frontier_rule import PointSummary, Selection, select_point, utility_floor
+from resfl_lightning.analysis.frontier_rule import (
+    PointSummary,
+    Selection,
+    confirmation_verdict,
+    select_point,
+    utility_floor,
+)
 from resfl_lightning.analysis.run_settings import finished_run_mismatch
 from resfl_lightning.analysis.runner import is_finished, run_jobs
 from resfl_lightning.analysis.table import default_out, table_preset
@@ -347,6 +353,22 @@ def _write_results(results: Path, out: Path, kind: str, text: str, command: str,
     write_results(results / f"{name}.md", text, command, wall_s=wall, writer="resfl frontier")
 
 
+def _confirmation(grid: Grid, values: dict[str, dict[int, dict]], selected: Point, default: Point) -> tuple[bool, str]:
+    """The pre-registered rule applied to the confirmation seeds (frontier_rule.confirmation_verdict)."""
+    tasks = {v["task"] for runs in values.values() for v in runs.values()}
+    task = tasks.pop() if len(tasks) == 1 else "classification"
+    u = grid.rule["utility"][task]
+    fed = t_test(list(series(values["fedavg"], UTILITY).values())).mean
+    floor = utility_floor(task, fed, float(u.get("min_minus", 0.0)), float(u.get("min_times", 1.0)))
+    fair, conf = grid.rule["fairness"], float(grid.rule["fairness"]["confidence"])
+    aia = paired_t(series(values[selected.label], grid.rule["minimise"]),
+                   series(values[default.label], grid.rule["minimise"]), conf)
+    gap = paired_t(series(values[selected.label], fair["metric"]), series(values[default.label], fair["metric"]),
+                   conf)
+    return confirmation_verdict(t_test(list(series(values[selected.label], UTILITY).values())).mean, floor,
+                                aia.low, aia.high, gap.high, float(fair["max_upper"]))
+
+
 def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
                      results: Path | None = None, grid_path: Path | None = None,
                      command: str = "resfl frontier --confirm") -> Path:
@@ -394,6 +416,8 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
         cells = [_diff_cell(paired_t(series(values[a.label], k), series(values[b.label], k),
                                      float(grid.rule["fairness"]["confidence"]))) for k, _ in METRICS]
         lines.append(f"| {a.label} − {b.label} | " + " | ".join(cells) + " |")
+    confirmed, why = _confirmation(grid, values, selected, default)
+    lines += ["", f"**Verdict: {'confirmed' if confirmed else 'not confirmed'}** ({why})."]
     if failures:
         lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
     text = "\n".join(lines) + "\n"

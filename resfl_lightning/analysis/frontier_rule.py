@@ -76,3 +76,20 @@ def select_point(points: list[PointSummary], floor: float, fairness_max_upper: f
     chosen = min(tied, key=lambda p: (p.lambda_priv, p.strength_rank))
     note = f" (tie on AIA among {len(tied)} points: smaller λ_priv, then weaker φ)" if len(tied) > 1 else ""
     return Selection(chosen, verdicts, f"selected {chosen.name}: mean AIA balanced accuracy {chosen.aia:.4f}{note}")
+
+
+def confirmation_verdict(utility: float, floor: float, aia_low: float, aia_high: float, fairness_upper: float,
+                         fairness_max_upper: float) -> tuple[bool, str]:
+    """Whether the confirmation seeds confirm the selection: its mean utility reaches the floor (from FedAvg on the
+    same seeds), its paired AIA difference to the default lies below 0, and the upper end of its paired Fairness
+    Score difference to the default is at most the margin. Returns (confirmed, the reasons)."""
+    checks = [
+        (math.isfinite(utility) and math.isfinite(floor) and utility >= floor,
+         f"utility {utility:.4f} {'>=' if utility >= floor else '<'} floor {floor:.4f}"),
+        (math.isfinite(aia_high) and aia_high < 0,
+         f"AIA − default interval [{aia_low:+.4f}, {aia_high:+.4f}] {'below' if aia_high < 0 else 'not below'} 0"),
+        (math.isfinite(fairness_upper) and fairness_upper <= fairness_max_upper,
+         f"Fairness Score − default upper end {fairness_upper:+.4f} "
+         f"{'<=' if fairness_upper <= fairness_max_upper else '>'} {fairness_max_upper:+g}"),
+    ]
+    return all(ok for ok, _ in checks), "; ".join(text for _, text in checks)

@@ -157,3 +157,14 @@ def test_confirm_refuses_without_a_selection(tmp_path: Path):
                                                         "grid": load_grid().text}))
     with pytest.raises(SystemExit, match="nothing to confirm: none selected"):
         main(["--confirm", "--out", str(tmp_path)])
+
+
+def test_confirmation_verdict_needs_all_three_conditions():
+    from resfl_lightning.analysis.frontier_rule import confirmation_verdict
+
+    ok, why = confirmation_verdict(0.846, 0.843, -0.31, -0.22, -0.058, 0.02)
+    assert ok and "below 0" in why
+    assert not confirmation_verdict(0.840, 0.843, -0.31, -0.22, -0.058, 0.02)[0]  # utility under the floor
+    assert not confirmation_verdict(0.846, 0.843, -0.31, +0.01, -0.058, 0.02)[0]  # AIA interval holds 0
+    assert not confirmation_verdict(0.846, 0.843, -0.31, -0.22, +0.03, 0.02)[0]  # fairness beyond the margin
+    assert not confirmation_verdict(float("nan"), 0.843, -0.31, -0.22, -0.058, 0.02)[0]
