@@ -111,7 +111,9 @@ DATASETS = {  # option name -> overrides (the fixture roots are filled in by the
 BASE = ("synthetic", "facet", "carla", "adult")
 # Documented limits (README): Adult has no images to corrupt and no proxy column; the run must stop with this message.
 UNSUPPORTED = (("eval.weather=true", "adult", "weather corruptions apply to image detection datasets"),
-               ("ufm.cohorts=proxy", "adult", "needs a proxy column"))
+               ("ufm.cohorts=proxy", "adult", "needs a proxy column"),
+               *(("attack=byzantine_label_flip", d, "needs class labels of a tabular dataset")
+                 for d in ("synthetic", "facet", "carla")))
 
 
 def _effective(overrides: list[str]) -> frozenset:
