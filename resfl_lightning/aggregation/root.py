@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import torch
 
+from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.orchestrator import seed_all
 
@@ -36,18 +37,11 @@ def root_indices(reserve: np.ndarray, size: int, seed: int) -> tuple[np.ndarray,
     return np.sort(reserve[chosen]), np.sort(reserve[~chosen])
 
 
-def _unwrapped(data):
-    """The federated data under attack wrappers (data poisoning wraps it and delegates reads)."""
-    while getattr(data, "is_attack_wrapper", False):
-        data = data.base
-    return data
-
-
 class ServerRoot:
     """Root split + the live client module, used by the server between local training and aggregation."""
 
     def __init__(self, federation, model, layout, size: int):
-        data = _unwrapped(federation.data)
+        data = base_data(federation.data)
         n_reserve = len(data.splits.reserve)
         if size > n_reserve // 2:  # the privacy attacks keep at least half the reserve other methods get in full
             warnings.warn(f"aggregation.root_size={size} capped at {n_reserve // 2}, half the attack reserve of "

@@ -27,7 +27,7 @@ import torch
 
 from resfl_lightning.attacks import byzantine_vectors as vectors
 from resfl_lightning.attacks.byzantine import SCHEDULES, l2_bound, scheduled_attackers
-from resfl_lightning.attacks.robustness import ByzantineUpdate
+from resfl_lightning.attacks.robustness import AttackDataWrapper, ByzantineUpdate
 from resfl_lightning.attacks.settings import ByzantineSettings
 from resfl_lightning.config import ConfigError
 from resfl_lightning.types import ClientReport
@@ -157,10 +157,8 @@ class ByzantineRound(ByzantineUpdate):
         return vectors.gaussian(honest, s.std, gen)
 
 
-class LabelFlippedData:
+class LabelFlippedData(AttackDataWrapper):
     """Federated data whose attackers of the round train on flipped labels y <- C - 1 - y (tabular data)."""
-
-    is_attack_wrapper = True
 
     def __init__(self, base: Any, transform: ByzantineRound):
         if not (dataclasses.is_dataclass(base) and hasattr(base, "y")):
@@ -169,14 +167,6 @@ class LabelFlippedData:
                               "target group's boxes)")
         self.base, self.transform, self.round_idx = base, transform, 0
         self.flipped = dataclasses.replace(base, y=(base.num_classes - 1) - base.y)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "base":  # not set yet (e.g. during unpickling): avoid infinite recursion
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-    def set_round(self, round_idx: int) -> None:
-        self.round_idx = int(round_idx)
 
     def train_loader(self, client_id: int, seed: int):
         if client_id in self.transform.attackers(self.round_idx):

@@ -78,15 +78,28 @@ class _AnnotatedView:
         return self.source.load_image(i)
 
 
-class PoisonedData:
+class AttackDataWrapper:
+    """Federated data wrapped by a data attack: reads it does not override go to `base` (attacks/targets.py
+    base_data unwraps it); a callback sets `round_idx` at each round start."""
+
+    is_attack_wrapper = True
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # not set yet (e.g. during unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def set_round(self, round_idx: int) -> None:
+        self.round_idx = int(round_idx)
+
+
+class PoisonedData(AttackDataWrapper):
     """Federated data whose poisoned clients train on poisoned annotations inside the poisoning block.
 
     Everything else (validation, test, reserve, other clients, rounds outside the block) is the wrapped data. The
     block counts rounds: [start_round, start_round + length) -- i.e. length x local_epochs local epochs. The poisoned
     client set is fixed for the run (poisoning.poisoned_clients). A callback sets `round_idx` at each round start.
     """
-
-    is_attack_wrapper = True
 
     def __init__(self, base: Any, settings: PoisoningSettings, seed: int, rounds: int):
         self.base, self.settings, self.seed = base, settings, seed
@@ -112,14 +125,6 @@ class PoisonedData:
                                               and s.other_group != s.target_group):
             raise ConfigError(f"attack.poisoning.mode=relabel_group needs other_group in 0..{base.num_groups - 1}, "
                               f"different from target_group {s.target_group}")
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "base":  # not set yet (e.g. during unpickling): avoid infinite recursion
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-    def set_round(self, round_idx: int) -> None:
-        self.round_idx = int(round_idx)
 
     def active(self, client_id: int) -> bool:
         s = self.settings
