@@ -16,11 +16,19 @@ from resfl_lightning.resources import conf_dir
 
 
 def composed_settings(overrides: list[str]) -> dict[str, Any]:
-    """The resolved config `resfl train <overrides>` would run with, as plain containers."""
+    """The resolved config `resfl train <overrides>` would run with (its tuned file applied), as plain containers."""
     from hydra import compose, initialize_config_dir
 
+    from resfl_lightning.config.tuned import recompose
+
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(overrides))
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+        choices = dict(cfg.hydra.runtime.choices)
+        again = recompose(list(overrides), choices, lambda o: compose(config_name="train", overrides=o))
+        if again is None:
+            cfg = compose(config_name="train", overrides=list(overrides))
+        else:
+            cfg = again
     return OmegaConf.to_container(cfg, resolve=True)
 
 

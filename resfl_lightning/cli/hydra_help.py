@@ -11,8 +11,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-# Hydra's own settings; W&B sweep files (`wandb sweep conf/sweeps/...`); the comparison table's columns (`resfl table`)
-NOT_GROUPS = ("hydra", "sweeps", "table")
+# Hydra's own settings; W&B sweep files (`wandb sweep conf/sweeps/...`); the comparison table's columns (`resfl table`);
+# per-dataset tuned settings, applied by config/tuned.py rather than chosen
+NOT_GROUPS = ("hydra", "sweeps", "table", "tuned")
 WIDTH = 118
 
 

@@ -32,6 +32,24 @@ def run(cfg: DictConfig):
     return job.fit()
 
 
+def apply_tuned(cfg: DictConfig) -> DictConfig:
+    """The config composed again with conf/tuned/<dataset>/<algorithm>.yaml in front of the task's overrides
+    (config/tuned.py), or `cfg` itself when no tuned file applies."""
+    import os
+
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    from resfl_lightning.config.tuned import recompose
+
+    hydra_cfg = HydraConfig.get()
+    rank_zero = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+    again = recompose(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices,
+                      lambda overrides: compose(config_name="train", overrides=overrides),
+                      announce=print if rank_zero else None)
+    return cfg if again is None else again
+
+
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def app(cfg: DictConfig) -> None:
     from resfl_lightning.config import ConfigError
@@ -39,7 +57,7 @@ def app(cfg: DictConfig) -> None:
     if _COMMAND_LINE:
         sys.argv = list(_COMMAND_LINE)
     try:
-        run(cfg)
+        run(apply_tuned(cfg))
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -31,6 +31,8 @@ class RunConfig(Section):
     run_dir: str = setting(doc="where checkpoints, metrics and exports go")
     resume: bool = setting(False, "continue from run_dir/checkpoints/last.pt")
     progress: bool = setting(True, "rich progress bar")
+    use_tuned: bool = setting(True, "apply conf/tuned/<dataset>/<algorithm>.yaml when it exists (config/tuned.py)")
+    tuned_file: str | None = setting(None, "the tuned file applied to this run (set by config/tuned.py)")
     scenario_name: str = setting("iid", "the data scenario (conf/scenario/) the run was composed with")
     model: ModelConfig = setting(doc="the model group (conf/model/)")
     dataset: FederatedDataset = setting(doc="the dataset: its class in `_target_` (conf/dataset/)")

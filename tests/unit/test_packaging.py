@@ -21,7 +21,7 @@ tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11 reads pyproject.
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
-NOT_GROUPS = ("hydra", "sweeps", "table")  # conf/table/: the comparison table's columns, no config group
+NOT_GROUPS = ("hydra", "sweeps", "table", "tuned")  # table: the columns; tuned: applied by config/tuned.py
 
 
 def source_packages() -> set[str]:

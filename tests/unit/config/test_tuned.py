@@ -1,0 +1,112 @@
+"""conf/tuned/<dataset>/<algorithm>.yaml: applied before the user's overrides (which win key by key), recorded in
+tuned_file, off with use_tuned=false, and every shipped file is valid and names evidence that exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.run_settings import composed_settings
+from resfl_lightning.config import ConfigError
+from resfl_lightning.config.tuned import load_tuned, with_tuned
+from resfl_lightning.resources import conf_dir
+
+REPO = Path(__file__).resolve().parents[3]
+ADULT_RESFL = "conf/tuned/adult/resfl.yaml"
+
+
+def _phi(cfg: dict) -> tuple:
+    a = cfg["algorithm"]
+    return a["lambda_priv"], a["adversary_steps"], a["adversary_lr"]
+
+
+def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_out():
+    tuned = composed_settings(["dataset=adult"])
+    by_hand = composed_settings(["dataset=adult", "use_tuned=false", "adversary=strong", "algorithm.lambda_priv=0.3"])
+    assert tuned["tuned_file"] == ADULT_RESFL and by_hand["tuned_file"] is None
+    assert _phi(tuned) == (0.3, 5, 0.01)
+    drop = ("tuned_file", "use_tuned")
+    assert {k: v for k, v in tuned.items() if k not in drop} == {k: v for k, v in by_hand.items() if k not in drop}
+
+
+def test_the_users_own_overrides_win_key_by_key():
+    assert _phi(composed_settings(["dataset=adult", "adversary=paper_minimal"])) == (0.3, 1, 0.001)
+    assert _phi(composed_settings(["dataset=adult", "algorithm.lambda_priv=0.1"])) == (0.1, 5, 0.01)
+    both = composed_settings(["dataset=adult", "adversary=paper_minimal", "algorithm.lambda_priv=0.1"])
+    assert both["tuned_file"] is None and _phi(both) == (0.1, 1, 0.001)  # nothing left to apply
+
+
+@pytest.mark.parametrize("overrides", [["dataset=adult", "use_tuned=false"], ["dataset=adult", "algorithm=fedavg"],
+                                       ["dataset=synthetic"], ["dataset=csv"]])
+def test_no_tuned_file_applies(overrides):
+    cfg = composed_settings(overrides)
+    assert cfg["tuned_file"] is None
+    assert cfg["algorithm"]["adversary_steps"] == 1  # the paper-minimal phi
+
+
+def test_an_adult_scenario_selecting_the_dataset_gets_the_adult_file():
+    assert composed_settings(["scenario=adult_occupation"])["tuned_file"] == ADULT_RESFL
+
+
+def test_with_tuned_puts_the_file_first_and_records_it(tmp_path):
+    path = tmp_path / "tuned" / "d" / "m.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"selected_by": "x", "evidence": [], "overrides": ["a.b=1", "c=2"]}))
+    out, tuned, applied = with_tuned(["c=3", "e=4"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)
+    assert out == ["a.b=1", "c=3", "e=4", f"tuned_file={tmp_path.name}/tuned/d/m.yaml"]
+    assert applied == ["a.b=1"] and tuned.path == path
+    assert with_tuned(["c=3"], {"dataset": "d", "algorithm": "other"}, root=tmp_path)[1] is None
+    assert with_tuned(["use_tuned=false"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)[1] is None
+    with pytest.raises(ConfigError, match="use_tuned: true or false"):
+        with_tuned(["use_tuned=maybe"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)
+    with pytest.raises(ConfigError, match="tuned_file: records"):
+        with_tuned(["tuned_file=x"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("overrides: [a=1]\n", "missing keys"),
+    ("selected_by: x\nevidence: []\noverrides: [a=1]\nextra: 1\n", "unknown keys"),
+    ("selected_by: x\nevidence: []\noverrides: [justakey]\n", r"overrides\[0\]"),
+    ("selected_by: x\nevidence: []\noverrides: [use_tuned=false]\n", r"overrides\[0\]"),
+    ("selected_by: x\nevidence: []\noverrides: []\n", "non-empty list"),
+    ("- a\n", "expected a mapping"),
+])
+def test_a_bad_tuned_file_is_an_error_naming_it(tmp_path, content, match):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_tuned(path)
+    assert str(path) in str(err.value)
+
+
+def test_every_shipped_tuned_file_is_valid_and_names_existing_evidence():
+    files = sorted((conf_dir() / "tuned").glob("*/*.yaml"))
+    assert files, "conf/tuned/ holds no tuned file"
+    for path in files:
+        tuned = load_tuned(path)
+        assert (conf_dir() / "dataset" / f"{path.parent.name}.yaml").is_file(), path
+        assert (conf_dir() / "algorithm" / f"{path.stem}.yaml").is_file(), path
+        for doc in yaml.safe_load(path.read_text())["evidence"]:
+            assert (REPO / doc).is_file(), f"{path}: evidence {doc} does not exist"
+        assert composed_settings([f"dataset={path.parent.name}", f"algorithm={path.stem}"])["tuned_file"]
+        assert tuned.overrides
+
+
+def test_the_train_app_recomposes_with_the_tuned_file(capsys):
+    """cli/train.py apply_tuned, inside a Hydra app context: the config the run builds from is the tuned one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from resfl_lightning.cli.train import apply_tuned
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        full = compose(config_name="train", overrides=["dataset=adult"], return_hydra_config=True)
+        HydraConfig.instance().set_config(full)
+        plain = compose(config_name="train", overrides=["dataset=adult"])
+        cfg = apply_tuned(plain)
+    assert cfg is not plain and OmegaConf.select(cfg, "tuned_file") == ADULT_RESFL
+    assert (cfg.algorithm.lambda_priv, cfg.algorithm.adversary_steps) == (0.3, 5)
+    assert f"tuned: {ADULT_RESFL} applied (adversary=strong algorithm.lambda_priv=0.3)" in capsys.readouterr().out
