@@ -1,4 +1,5 @@
-"""PrivFairFL-Post: fit the server-side calibration from the round's reports and re-score the test split with it."""
+"""PrivFairFL-Post: fit the server-side calibration from the round's reports and re-score the test split (and the
+final validation pass) with it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from resfl_lightning.baselines.privfairfl import (
 
 class PostCalibration:
     """Runs after GlobalEvaluation: the calibration is fitted from ClientReport.calibration alone; on evaluation
-    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/), and
-    the round's test pass carries the rule so that EOD measures it too."""
+    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/; the
+    same for val/ in the last round), and the round's test pass carries the rule so that EOD measures it too."""
 
     def __init__(self, settings: PostCalibrationSettings, evaluation):
         self.settings, self.evaluation = settings, evaluation
@@ -29,13 +30,20 @@ class PostCalibration:
         if evaluation is None:
             return
         self.evaluation.attach_decision(round_idx, cal)  # EOD (callbacks/robustness.py) evaluates the same rule
-        if detection:
-            preds, gts = evaluation.outputs[0], evaluation.outputs[1]
-            calibrated = calibrated_detection_metrics(preds, gts, cal, model.num_groups, model.ufm.iou_threshold)
-        else:
-            calibrated = calibrated_classification_metrics(evaluation.outputs, cal)
-        for k, v in calibrated.items():
-            key = f"test/{k}"
-            if key in metrics:
-                metrics[f"test/uncalibrated/{k}"] = metrics[key]
-            metrics[key] = v
+        passes = [("test", evaluation)]
+        validation = self.evaluation.validation_pass(round_idx)
+        if validation is not None:  # the rule `resfl tune` selects on is the one the test metrics report
+            passes.append(("val", validation))
+        for split, evaluated in passes:
+            for k, v in _calibrated_metrics(model, evaluated, cal, detection).items():
+                key = f"{split}/{k}"
+                if key in metrics:
+                    metrics[f"{split}/uncalibrated/{k}"] = metrics[key]
+                metrics[key] = v
+
+
+def _calibrated_metrics(model, evaluation, cal, detection: bool) -> dict[str, float]:
+    if detection:
+        preds, gts = evaluation.outputs[0], evaluation.outputs[1]
+        return calibrated_detection_metrics(preds, gts, cal, model.num_groups, model.ufm.iou_threshold)
+    return calibrated_classification_metrics(evaluation.outputs, cal)

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from resfl_lightning.metrics.mechanism import ufm_fairness_correlation
+
+
+def dp_run_metrics(latest: dict[int, dict[str, float]]) -> dict[str, float]:
+    """The run's DP-SGD numbers from each client's latest statistics: steps S_k = the most any client took, every
+    other number (z, q, B, C, epsilon target, delta, NSR) the median over the clients (equal for IID equal-size
+    clients; the NSR is each client's median over its steps)."""
+    keys = sorted({k for stats in latest.values() for k in stats})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = np.asarray([stats[key] for stats in latest.values() if key in stats], dtype=np.float64)
+        reduce = np.max if key == "steps" else np.median
+        out[f"dp/{key}"] = float(reduce(values))  # NaN (a fixed z has no epsilon target) stays NaN
+    return out
 
 
 class ClientReportLogger:
     def __init__(self) -> None:
         self.dp_epsilon_max = 0.0  # DP-SGD: the largest epsilon any client has spent so far
+        self.dp_latest: dict[int, dict[str, float]] = {}  # DP-SGD: client -> its latest accounting numbers
 
     def on_round_end(self, reports, weights: dict[int, float], metrics: dict) -> None:
         for r in reports:
@@ -29,6 +45,9 @@ class ClientReportLogger:
         if spent:
             self.dp_epsilon_max = max(self.dp_epsilon_max, *spent)  # over every client seen
             metrics["dp/epsilon_max"] = self.dp_epsilon_max
+        self.dp_latest.update({r.client_id: r.dp_statistics for r in reports if r.dp_statistics})
+        if self.dp_latest:
+            metrics.update(dp_run_metrics(self.dp_latest))
         for key in sorted({k for r in reports for k in r.train_losses}):
             vals = [r.train_losses[key] for r in reports if key in r.train_losses]
             metrics[f"train/{key}"] = sum(vals) / len(vals)

@@ -15,7 +15,7 @@ import numpy as np
 
 from resfl_lightning.metrics.statistics import majority_class_rate
 
-SUMMARY_PREFIXES = ("test/", "attack/", "score/", "weather/", "dp/")
+SUMMARY_PREFIXES = ("test/", "val/", "attack/", "score/", "weather/", "dp/")
 
 
 def _jsonable(v):

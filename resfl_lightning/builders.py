@@ -115,7 +115,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm) -> lis
     from resfl_lightning.callbacks.run_files import RunFiles
     from resfl_lightning.callbacks.weather import WeatherEvaluation
 
-    evaluation = GlobalEvaluation(every=cfg.eval.every)
+    evaluation = GlobalEvaluation(every=cfg.eval.every, final_validation=cfg.eval.final_validation)
     attacks = build_attack_callbacks(cfg, evaluation)
     privacy = None
     if attacks:

@@ -25,6 +25,8 @@ class ClientReport:
     train_losses: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dp_epsilon: float = math.nan  # DP-SGD: epsilon this client has spent so far over the run (NaN without DP)
+    # DP-SGD: the client's accounting numbers (privacy/dp.py ClientDP.statistics: z, q, steps, NSR, ...); {} without
+    dp_statistics: dict[str, float] = field(default_factory=dict)
     # PrivFairFL-Post: aggregate validation counts/sums (per group, per threshold) for server-side calibration;
     # never per-sample values or individual group labels (baselines/privfairfl.py)
     calibration: dict[str, float] = field(default_factory=dict)
@@ -33,5 +35,6 @@ class ClientReport:
         out = {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if isinstance(v, (int, float, bool))}
         out.update({f"{prefix}/loss_{k}": v for k, v in self.train_losses.items()})
         out.update({f"{prefix}/time_{k}": v for k, v in self.timings.items()})
+        out.update({f"{prefix}/dp_{k}": v for k, v in self.dp_statistics.items()})
         out.pop(f"{prefix}/client_id", None)
         return out

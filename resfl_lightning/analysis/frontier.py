@@ -24,8 +24,8 @@ from resfl_lightning.analysis.frontier_rule import (
     select_point,
     utility_floor,
 )
-from resfl_lightning.analysis.run_settings import finished_run_mismatch
-from resfl_lightning.analysis.runner import is_finished, run_jobs
+from resfl_lightning.analysis.run_settings import stale_runs
+from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import default_out, table_preset
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
@@ -140,11 +140,7 @@ def train(grid: Grid, points: list[Point], seeds: list[int], dataset: str, scena
         for s in seeds:
             rd = out / p.dir_name(grid, s)
             jobs.setdefault(rd, run_overrides(grid, p, dataset, scenario, s, rd, overrides))
-    stale = []
-    for rd, ov in jobs.items():
-        diff = finished_run_mismatch(rd, ov) if is_finished(rd) else []
-        if diff:
-            stale.append(f"{rd}: " + "; ".join(diff[:4]) + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""))
+    stale = stale_runs(list(jobs.items()))
     if stale:
         raise FrontierError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                             "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.runner import is_finished
 from resfl_lightning.resources import conf_dir
 
 
@@ -66,3 +67,15 @@ def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
     return settings_diff(saved, now)
+
+
+def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:
+    """One line per finished run of `jobs` ((run_dir, overrides); a resumable command skips it) whose saved config
+    differs from what its overrides compose to now, naming the run and its first differing settings."""
+    stale = []
+    for run_dir, overrides in jobs:
+        diff = finished_run_mismatch(run_dir, overrides) if is_finished(run_dir) else []
+        if diff:
+            more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+            stale.append(f"{run_dir}: " + "; ".join(diff[:4]) + more)
+    return stale

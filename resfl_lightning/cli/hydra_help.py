@@ -12,8 +12,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 # Hydra's own settings; W&B sweep files (`wandb sweep conf/sweeps/...`); the comparison table's columns (`resfl table`);
-# per-dataset tuned settings, applied by config/tuned.py rather than chosen
-NOT_GROUPS = ("hydra", "sweeps", "table", "tuned")
+# `resfl tune`'s grids; per-dataset tuned settings, applied by config/tuned.py rather than chosen
+NOT_GROUPS = ("hydra", "sweeps", "table", "tune", "tuned")
 WIDTH = 118
 
 

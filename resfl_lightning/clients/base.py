@@ -268,6 +268,10 @@ class FederatedClient(L.LightningModule):
         """Epsilon this client has spent so far (DP-SGD); NaN without DP."""
         return self.dp.epsilon() if self.dp is not None else math.nan
 
+    def dp_statistics(self) -> dict[str, float]:
+        """This client's DP-SGD accounting numbers (z, q, steps, B, C, epsilon target, delta, NSR); {} without DP."""
+        return self.dp.statistics() if self.dp is not None else {}
+
     def calibration_statistics(self, val_loader) -> dict[str, float]:
         """Aggregate validation statistics a server-side calibration needs (PrivFairFL-Post); {} otherwise."""
         return self.report_statistics(self, val_loader) if self.report_statistics is not None else {}

@@ -92,6 +92,8 @@ class EvalConfig(Section):
     section = "eval"
 
     every: int = setting(5, "global evaluation every k rounds (and the last)", ge=1)
+    final_validation: bool = setting(False, "also evaluate the final global model on the clients' validation splits "
+                                     "(val/*: what `resfl tune` selects on; off by default, it costs a pass)")
     weather: bool = setting(False, "13-condition weather evaluation at the end (detection)")
     weather_every: int | None = setting(None, "also every k rounds (null: last round only)", ge=1)
     weather_seed: int = setting(0, "corruption seed, fixed across runs so conditions compare", ge=0)

@@ -41,6 +41,10 @@ class ClientSplitLoaders:
     def val_loader(self, client_id: int) -> DataLoader:
         return self._loader(self.splits.clients[client_id].val, shuffle=False)
 
+    def validation_loader(self) -> DataLoader:
+        """Every client's validation split, in client order: the global model's final validation pass."""
+        return self._loader(np.concatenate([c.val for c in self.splits.clients]).astype(np.int64), shuffle=False)
+
     def recalibration_loader(self, client_id: int) -> DataLoader:
         """The client's training split in order, in training-size batches, without augmentation (the SWA model's
         BatchNorm pass, federation/swa.py)."""

@@ -245,7 +245,8 @@ class Federation:
             eval_loss=result.eval_loss, fim_eigenvalue=fim, ufm_se=result.ufm_se, val_delta_eop=result.val_delta_eop,
             train_losses=client.mean_losses(),
             timings={"train": t1 - t0, "validate": t2 - t1},
-            dp_epsilon=client.dp_epsilon(), calibration=client.calibration_statistics(val_loader),
+            dp_epsilon=client.dp_epsilon(), dp_statistics=client.dp_statistics(),
+            calibration=client.calibration_statistics(val_loader),
         )
         report, delta = self.faults.after_training(client_id, round_idx, report, delta)
         score = None if self.aggregator.gathers_all else self.aggregator.score(report)

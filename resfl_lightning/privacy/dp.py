@@ -28,11 +28,14 @@ from torch import nn
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
+from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
+from resfl_lightning.privacy.signal import median_noise_to_signal
 
 ACCOUNTANTS = ("prv", "rdp", "gdp")
 # opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
+SIGNAL_KEY = "dp.signal"  # client-local state: ||g_c|| of every DP-SGD step so far (the NSR's signal)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -50,6 +53,11 @@ class DPConfig(Section):
     target_delta: float = setting(1e-6, "run-level delta per client", gt=0, lt=1)
     noise_multiplier: float | None = setting(None, "fixed z instead of a target epsilon (0: clipping only)", ge=0)
     accountant: str = setting("prv", "opacus accountant", choices=ACCOUNTANTS)
+    groupnorm_groups: str = setting("min32_c4", "groups of the GroupNorm replacing a BatchNorm2d: min32_c4 = the "
+                                    "largest divisor of C <= min(32, C // 4); opacus = gcd(32, C)",
+                                    choices=GROUPNORM_RULES)
+    enabled: bool = setting(True, "false: the GroupNorm model only, trained without clipping, noise or accounting "
+                            "(the layout's ablation)")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -102,8 +110,9 @@ def noise_multiplier_for(settings: DPSettings, q: float) -> float:
                       settings.accountant)
 
 
-def prepare_model(model: nn.Module) -> nn.Module:
-    """BatchNorm -> GroupNorm (opacus' ModuleValidator.fix) and no in-place activations (they break the hooks).
+def prepare_model(model: nn.Module, groupnorm_groups: str = "min32_c4") -> nn.Module:
+    """BatchNorm -> GroupNorm (opacus' ModuleValidator.fix, then the group count of privacy/groupnorm.py's rule) and
+    no in-place activations (they break the hooks).
 
     Called when the client is built, before any gradient exists, so every client and the global model share the
     same GroupNorm layout. Raises if opacus' validator still finds a problem."""
@@ -114,14 +123,7 @@ def prepare_model(model: nn.Module) -> nn.Module:
         fixed = ModuleValidator.fix(model)
     finally:
         quiet.setLevel(level)
-    # opacus' GroupNorm(min(32, C), C) on a (B, C) vector leaves C / 32 features per group: one feature per group
-    # (C <= 32) would normalise each to its bias and erase the input. After a BatchNorm1d, normalise the whole
-    # feature vector instead (GroupNorm(1, C), layer-norm-like; our reading).
-    for name, module in model.named_modules():
-        if isinstance(module, nn.BatchNorm1d):
-            parent, _, child = name.rpartition(".")
-            owner = fixed.get_submodule(parent) if parent else fixed
-            setattr(owner, child, nn.GroupNorm(1, module.num_features, eps=module.eps, affine=module.affine))
+    replace_batchnorm(model, fixed, groupnorm_groups)
     for module in fixed.modules():
         if getattr(module, "inplace", False):
             module.inplace = False
@@ -161,10 +163,23 @@ class PoissonBatches:
 
 
 class ClientDPOptimizer(DPOptimizer):
-    """opacus' DPOptimizer with the mean reduction's divisor computed once per step.
+    """opacus' DPOptimizer with the mean reduction's divisor computed once per step, and the NSR's signal measured.
 
     opacus' `scale_grad` re-reads `accumulated_iterations` (a pass over every parameter) for each parameter: O(P^2)
-    per step, ~2 % of a detector's DP-SGD step (make bench). Same divisor, same division: identical gradients."""
+    per step, ~2 % of a detector's DP-SGD step (make bench). Same divisor, same division: identical gradients.
+
+    `signal_norms` (None: not measured) receives ||g_c|| of each step, g_c = (1/B) sum_i clip_C(g_i) with B the
+    expected batch size (opacus' divisor): opacus' clipped sum `summed_grad`, read before the noise is added. Only
+    read (no RNG, no write), so the step is the same with or without it; kept on the device (no host read)."""
+
+    signal_norms: list[torch.Tensor] | None = None
+
+    def add_noise(self) -> None:
+        if self.signal_norms is not None:
+            summed = [p.summed_grad for p in self.params]
+            norm = torch.nn.utils.get_total_norm(summed, norm_type=2.0) if summed else torch.zeros(())
+            self.signal_norms.append(norm.detach() / self.expected_batch_size)
+        super().add_noise()
 
     def scale_grad(self) -> None:
         if self.loss_reduction == "mean":
@@ -188,17 +203,45 @@ class ClientDP:
         self.optimizer: ClientDPOptimizer | None = None
         self.q: float | None = None
         self.sigma: float | None = None
+        self.signal: list[float] = []  # ||g_c|| of the client's earlier rounds' steps (client-local state)
 
     # --- client-local state ------------------------------------------------------------------------
     def export_state(self) -> dict[str, torch.Tensor]:
         rows = [list(map(float, row)) for row in self.accountant.history]
-        return {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)}
+        return {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3),
+                SIGNAL_KEY: torch.tensor(self.signal_history(), dtype=torch.float64)}
 
     def import_state(self, state: dict[str, torch.Tensor] | None) -> None:
-        """A client's own accountant history (None: a client that has not trained yet)."""
+        """A client's own accountant history and signal norms (None: a client that has not trained yet)."""
         self.accountant = create_accountant(self.settings.accountant)
+        self.signal, self.sigma, self.q = [], None, None
+        if self.optimizer is not None:
+            self.optimizer.signal_norms = []
         if state is not None and HISTORY_KEY in state:
             self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state[HISTORY_KEY].tolist()]
+        if state is not None and SIGNAL_KEY in state:
+            self.signal = [float(v) for v in state[SIGNAL_KEY].tolist()]
+
+    def signal_history(self) -> list[float]:
+        """||g_c|| of every DP-SGD step this client took over the run (noise-only steps of empty draws excluded)."""
+        fresh = self.optimizer.signal_norms if self.optimizer is not None else None
+        if fresh:
+            self.signal += torch.stack(fresh).tolist()  # the round's one host read
+            fresh.clear()
+        return list(self.signal)
+
+    def statistics(self) -> dict[str, float]:
+        """The client's accounting numbers: z, q, steps taken so far, B, C, target epsilon (NaN: a fixed z), delta,
+        and the NSR z C / (B ||g_c||), the median over all its steps ({} before its first DP-SGD step)."""
+        if self.sigma is None or self.q is None:
+            return {}
+        s, b = self.settings, self.optimizer.expected_batch_size
+        target = s.target_epsilon if s.noise_multiplier is None else None
+        return {"noise_multiplier": self.sigma, "sample_rate": self.q,
+                "steps": float(sum(int(n) for _, _, n in self.accountant.history)), "expected_batch_size": float(b),
+                "max_grad_norm": s.max_grad_norm, "target_epsilon": math.nan if target is None else float(target),
+                "delta": s.target_delta,
+                "nsr": median_noise_to_signal(self.sigma, s.max_grad_norm, b, self.signal_history())}
 
     def epsilon(self) -> float:
         """Spent epsilon at target_delta: 0 before any step, inf when steps ran without noise."""
@@ -221,8 +264,11 @@ class ClientDP:
         """The client's SGD behind ClientDPOptimizer (opacus'); sigma and the expected batch are set per loader."""
         for p in self.model.parameters():
             p.grad_sample = None
+        if self.optimizer is not None:
+            self.signal_history()  # keep the steps of an earlier optimizer of this client-round
         self.optimizer = ClientDPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
                                            expected_batch_size=1, loss_reduction="mean")
+        self.optimizer.signal_norms = []
         self.optimizer.attach_step_hook(self._account)
         return self.optimizer
 
@@ -255,7 +301,11 @@ class ClientDP:
         params = self.optimizer.params
         for p in params:
             p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-        optimizer.step()
+        measured, self.optimizer.signal_norms = self.optimizer.signal_norms, None  # no signal: not an NSR step
+        try:
+            optimizer.step()
+        finally:
+            self.optimizer.signal_norms = measured
         optimizer.zero_grad(set_to_none=True)
         return torch.tensor(math.nan, device=params[0].device if params else "cpu")
 

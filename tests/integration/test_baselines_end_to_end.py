@@ -71,6 +71,13 @@ def test_tabular_baselines_on_adult(tmp_path: Path, shared_data: Path, name: str
     assert last["test/accuracy"] > 0.6
     if name == "fedavg_dp":
         assert all(0 < last[f"client/{i}/dp_epsilon"] <= 1.0 + 1e-9 for i in range(4))
+        # The run's accounting numbers (docs/method.md §5): S_k = rounds x floor(1/q); NSR >= z/B, the bound reached
+        # only if every clipped per-sample gradient had norm C and one direction
+        summary = json.loads((run_dir / "summary.json").read_text())
+        q, z, b = summary["dp/sample_rate"], summary["dp/noise_multiplier"], summary["dp/expected_batch_size"]
+        assert summary["dp/steps"] == 2 * int(1 / q) and b == 256  # B = q n = dataset.batch_size
+        assert (summary["dp/max_grad_norm"], summary["dp/delta"], summary["dp/target_epsilon"]) == (1.0, 1e-6, 1.0)
+        assert z > 0 and summary["dp/nsr"] >= z / b
     else:
         assert {f"calibration/threshold/{g}" for g in range(5)} <= set(last)
         # EOD measures the calibrated rule, like the other test fairness metrics; the raw rule's sits beside it

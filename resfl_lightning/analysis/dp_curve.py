@@ -1,0 +1,351 @@
+"""`resfl dp-curve`: the DP privacy-utility curve (issue 24 item 1) of the pre-registered grid
+conf/table/dp_curve.yaml: every DP method x target epsilon x seed and the non-DP ablations, trained by
+analysis/runner.py (resumable: a finished run is reused once its saved config is checked to be what its command
+composes to now), then OUT/dp-curve.md (provenance header, the grid, one row per method and epsilon: utility mean with
+its Student-t interval over the seeds beside the runs' z, q, S_k, C, delta, spent epsilon and NSR) and
+OUT/dp-curve.png (utility against epsilon). The accounting numbers are the runs' summary.json `dp/` keys
+(callbacks/reports.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.run_settings import finished_run_mismatch
+from resfl_lightning.analysis.runner import is_finished, run_jobs
+from resfl_lightning.analysis.table import default_out, table_preset
+from resfl_lightning.metrics.statistics import TTest, t_test
+from resfl_lightning.resources import conf_dir
+
+# summary.json key -> the column it feeds (per run); the utility is accuracy, or mAP@50 for detection
+DP_KEYS = {"z": "dp/noise_multiplier", "q": "dp/sample_rate", "steps": "dp/steps", "C": "dp/max_grad_norm",
+           "delta": "dp/delta", "epsilon_spent": "dp/epsilon_max", "nsr": "dp/nsr"}
+
+
+class CurveError(RuntimeError):
+    """The curve cannot be made as asked; the message says why."""
+
+
+def grid_file() -> Path:
+    return conf_dir() / "table" / "dp_curve.yaml"
+
+
+@dataclass(frozen=True)
+class CurveGrid:
+    methods: list[str]
+    epsilons: list[float]  # math.inf: clipping only (noise multiplier 0)
+    ablations: dict[str, list[str]]  # label -> overrides
+    seeds: list[int]
+    attack: str
+    confidence: float
+    text: str  # the file as written (quoted in dp-curve.md)
+
+
+def _epsilon(value, where: str) -> float:
+    eps = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else \
+        float("inf") if value in ("inf", ".inf") else None
+    if eps is None or not eps > 0:
+        raise CurveError(f"{where}: expected a positive number or inf, got {value!r}")
+    return eps
+
+
+def load_grid(path: Path | None = None) -> CurveGrid:
+    """The grid file, checked; every error names the file and the key."""
+    path = Path(path or grid_file())
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(raw, dict):
+        raise CurveError(f"{path}: expected a mapping of keys")
+    for key in ("methods", "epsilon", "ablations", "seeds", "attack", "confidence"):
+        if key not in raw:
+            raise CurveError(f"{path}: {key}: missing")
+    methods, epsilons, seeds = raw["methods"], raw["epsilon"], raw["seeds"]
+    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
+        raise CurveError(f"{path}: methods: expected a non-empty list of conf/algorithm/ presets, got {methods!r}")
+    for i, m in enumerate(methods):
+        preset = conf_dir() / "algorithm" / f"{m}.yaml"
+        if not preset.is_file():
+            raise CurveError(f"{path}: methods[{i}]: no preset {preset}")
+        if "dp" not in OmegaConf.load(preset):
+            raise CurveError(f"{path}: methods[{i}]: {m} is no DP-SGD preset (no `dp:` node in {preset})")
+    if not isinstance(epsilons, list) or not epsilons:
+        raise CurveError(f"{path}: epsilon: expected a non-empty list, got {epsilons!r}")
+    eps = [_epsilon(e, f"{path}: epsilon[{i}]") for i, e in enumerate(epsilons)]
+    if len(set(eps)) != len(eps):
+        raise CurveError(f"{path}: epsilon: values repeat: {epsilons}")
+    ablations = raw["ablations"] or {}
+    if not isinstance(ablations, dict):
+        raise CurveError(f"{path}: ablations: expected a mapping label -> list of overrides, got {ablations!r}")
+    for label, ov in ablations.items():
+        if not re.fullmatch(r"[A-Za-z0-9_]+", str(label)) or str(label) in methods:
+            raise CurveError(f"{path}: ablations.{label}: a label is letters, digits and _, and no method's name")
+        if not isinstance(ov, list) or not ov or not all(isinstance(o, str) and "=" in o for o in ov):
+            raise CurveError(f"{path}: ablations.{label}: expected a non-empty list of key=value overrides, got {ov!r}")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           for s in seeds) or len(set(seeds)) != len(seeds):
+        raise CurveError(f"{path}: seeds: expected a non-empty list of distinct integers, got {seeds!r}")
+    attack = raw["attack"]
+    if not isinstance(attack, str) or not (conf_dir() / "attack" / f"{attack}.yaml").is_file():
+        raise CurveError(f"{path}: attack: expected a conf/attack/ preset, got {attack!r}")
+    confidence = raw["confidence"]
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise CurveError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
+    return CurveGrid(list(methods), eps, {str(k): list(v) for k, v in ablations.items()}, list(seeds), attack,
+                     float(confidence), path.read_text())
+
+
+def epsilon_text(eps: float) -> str:
+    return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+def epsilon_overrides(eps: float) -> list[str]:
+    """A run-level target epsilon; inf = clipping only (noise multiplier 0: no finite epsilon)."""
+    if math.isinf(eps):
+        return ["algorithm.dp.target_epsilon=null", "algorithm.dp.noise_multiplier=0.0"]
+    return [f"algorithm.dp.target_epsilon={eps!r}", "algorithm.dp.noise_multiplier=null"]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """A row of the curve: a DP method at a target epsilon, or an ablation (epsilon None)."""
+
+    name: str  # the method's preset or the ablation's label
+    epsilon: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.epsilon is None else f"{self.name}, ε={epsilon_text(self.epsilon)}"
+
+    def dir_name(self, seed: int) -> str:
+        if self.epsilon is None:
+            return f"{self.name}-s{seed}"
+        return f"{self.name}-eps{epsilon_text(self.epsilon)}-s{seed}"
+
+    def overrides(self, grid: CurveGrid) -> list[str]:
+        if self.epsilon is None:
+            return list(grid.ablations[self.name])
+        return [f"algorithm={self.name}", *epsilon_overrides(self.epsilon)]
+
+
+def curve_points(grid: CurveGrid) -> list[CurvePoint]:
+    return [CurvePoint(m, e) for m in grid.methods for e in grid.epsilons] + [CurvePoint(a) for a in grid.ablations]
+
+
+def curve_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
+    """runs/dp-curve-<dataset>-<scenario>[-<dataset.* override values>] (as `resfl table` names its folder)."""
+    table = default_out(dataset, scenario, overrides)
+    return table.with_name("dp-curve-" + table.name.removeprefix("table-"))
+
+
+def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: str, seed: int, run_dir: Path,
+                  overrides: list[str]) -> list[str]:
+    """One run's Hydra overrides: the common ones, the point's, then the user's (which win)."""
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *point.overrides(grid),
+            f"seed={seed}", f"attack={grid.attack}", f"run_dir={run_dir}", "logger=none", "progress=false",
+            *overrides]
+
+
+def _finite(summary: dict, key: str) -> float | None:
+    v = summary.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) else None
+
+
+def run_values(run_dir: Path) -> dict | None:
+    """A finished run's utility and accounting numbers (None: not finished). The spent epsilon of a run without
+    noise (z = 0) is inf (summary.json holds null there)."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
+    out = {name: _finite(summary, key) for name, key in DP_KEYS.items()}
+    if out["z"] == 0.0:
+        out["epsilon_spent"] = math.inf
+    out["utility"] = _finite(summary, "test/map_50" if task == "detection" else "test/accuracy")
+    out["task"] = task
+    return out
+
+
+@dataclass(frozen=True)
+class RowSummary:
+    point: CurvePoint
+    runs: list[dict]  # one per finished seed
+    utility: TTest
+
+    def values(self, key: str) -> list[float]:
+        return [r[key] for r in self.runs if r.get(key) is not None]
+
+
+def summarise(point: CurvePoint, runs: dict[int, dict], confidence: float) -> RowSummary:
+    rows = [runs[s] for s in sorted(runs)]
+    return RowSummary(point, rows, t_test([r["utility"] for r in rows if r["utility"] is not None], confidence))
+
+
+def _fmt(v: float, kind: str) -> str:
+    if math.isinf(v):
+        return "∞"
+    return {"z": f"{v:.3g}", "q": f"{v:.4g}", "steps": f"{v:.0f}", "C": f"{v:g}", "delta": f"{v:g}",
+            "epsilon_spent": f"{v:.3f}", "nsr": f"{v:.3g}"}[kind]
+
+
+def same_cell(values: list[float], kind: str) -> str:
+    """The value all seeds share, else their range; — when no run has it."""
+    if not values:
+        return "—"
+    lo, hi = min(values), max(values)
+    if lo == hi or (math.isfinite(hi) and hi - lo <= 1e-9 * max(1.0, abs(hi))):
+        return _fmt(hi, kind)
+    return f"{_fmt(lo, kind)}–{_fmt(hi, kind)}"
+
+
+def utility_cell(t: TTest) -> str:
+    if t.n == 0:
+        return "n/a"
+    return f"{t.mean:.4f}" if t.n < 2 else f"{t.mean:.4f} [{t.low:.4f}, {t.high:.4f}]"
+
+
+def row_cells(row: RowSummary) -> list[str]:
+    """ε target, n, utility, z, q, S_k, C, δ, spent ε (the largest over seeds), NSR (mean over seeds)."""
+    p = row.point
+    target = "no DP" if p.epsilon is None else ("∞ (clipping only)" if math.isinf(p.epsilon) else f"{p.epsilon:g}")
+    spent = row.values("epsilon_spent")
+    nsr = row.values("nsr")
+    cells = [same_cell(row.values(k), k) for k in ("z", "q", "steps", "C", "delta")]
+    return [target, str(len(row.runs)), utility_cell(row.utility), *cells,
+            _fmt(max(spent), "epsilon_spent") if spent else "—",
+            _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
+
+
+def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: str, failures: list[str]) -> str:
+    pct = round(100 * grid.confidence)
+    metric = "mAP@50" if task == "detection" else "accuracy"
+    lines = [f"# {title}", "", "The grid, as pre-registered (conf/table/dp_curve.yaml):", "", "```yaml",
+             grid.text.rstrip(), "```", "",
+             f"Utility: test {metric}, mean [{pct} % Student-t interval] over the seeds (n = finished seeds). Per run "
+             "(summary.json `dp/`): z the noise multiplier, q = B/n_k the Poisson sampling rate, S_k the DP-SGD steps "
+             "a client took, C the clipping norm, δ the target delta, spent ε the accountant's ε at δ (the largest "
+             "over clients; this cell: over seeds), NSR = zC/(B‖ḡ_c‖) with ḡ_c the noise-free mean of the clipped "
+             "per-sample gradients (per client the median over its steps, then the median over clients; this cell: "
+             "the mean over seeds). z, q, S_k are the median client's; a range means the seeds differ. ε = ∞: "
+             "clipping without noise. Ablations (no DP-SGD): fedavg is the BatchNorm model, fedavg_gn the DP models' "
+             "GroupNorm layout.", "",
+             "| method | ε target | n | utility | z | q | S_k | C | δ | spent ε | NSR |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r.point.name} | " + " | ".join(row_cells(r)) + " |" for r in rows]
+    lines += ["", "![dp-curve](dp-curve.png)"]
+    if failures:
+        lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curve(grid: CurveGrid, rows: list[RowSummary], path: Path, title: str, task: str) -> None:
+    """Utility against the target epsilon (log scale; ∞ drawn right of the largest finite one), one line per method
+    with its Student-t intervals; the ablations as horizontal lines with their interval bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted(e for e in grid.epsilons if math.isfinite(e))
+    inf_x = (finite[-1] * 4) if finite else 1.0
+
+    def x_of(eps: float) -> float:
+        return inf_x if math.isinf(eps) else eps
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for method in grid.methods:
+        pts = sorted((x_of(r.point.epsilon), r.utility) for r in rows
+                     if r.point.name == method and r.point.epsilon is not None and r.utility.n)
+        if pts:
+            ax.errorbar([x for x, _ in pts], [t.mean for _, t in pts],
+                        yerr=[0.0 if t.n < 2 else t.high - t.mean for _, t in pts], marker="o", capsize=3,
+                        label=method)
+    for style, r in zip(("--", ":", "-.", (0, (5, 1))), [r for r in rows if r.point.epsilon is None]):
+        if not r.utility.n:
+            continue
+        line = ax.axhline(r.utility.mean, linestyle=style, color="grey" if r.point.name != "fedavg" else "black",
+                          label=f"{r.point.name} (no DP)")
+        if r.utility.n >= 2:
+            ax.axhspan(r.utility.low, r.utility.high, color=line.get_color(), alpha=0.12)
+    ticks = finite + ([inf_x] if any(math.isinf(e) for e in grid.epsilons) else [])
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, [f"{e:g}" for e in finite] + (["∞\n(clip only)"] if len(ticks) > len(finite) else []))
+    ax.minorticks_off()
+    ax.set_xlabel("target ε per client (δ = 1e-6)")
+    ax.set_ylabel(f"test {'mAP@50' if task == 'detection' else 'accuracy'} ↑")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def train(grid: CurveGrid, seeds: list[int], dataset: str, scenario: str, out: Path, overrides: list[str],
+          workers: int) -> list[str]:
+    """Train every (point, seed) not finished yet; refuses finished runs trained with other settings. Returns the
+    failures' messages."""
+    jobs = {out / p.dir_name(s): run_overrides(grid, p, dataset, scenario, s, out / p.dir_name(s), overrides)
+            for p in curve_points(grid) for s in seeds}
+    stale = []
+    for rd, ov in jobs.items():
+        diff = finished_run_mismatch(rd, ov) if is_finished(rd) else []
+        if diff:
+            stale.append(f"{rd}: " + "; ".join(diff[:4]) + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""))
+    if stale:
+        raise CurveError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+                         "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
+    return run_jobs(list(jobs.items()), workers)
+
+
+def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
+                 results: Path | None = None, grid_path: Path | None = None, seeds: list[int] | None = None,
+                 command: str = "resfl dp-curve") -> Path:
+    """Train the grid, then write OUT/dp-curve.md (with its provenance) and OUT/dp-curve.png; with `results`, also
+    RESULTS/<out name>.md and .png. Returns the markdown's path; raises CurveError after writing if runs failed."""
+    import shutil
+
+    from resfl_lightning.analysis.provenance import write_results
+
+    grid = load_grid(grid_path)
+    seeds = list(seeds or grid.seeds)
+    out = out or curve_out(dataset, scenario, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    failures = train(grid, seeds, dataset, scenario, out, overrides, workers)
+    rows, tasks = [], set()
+    for p in curve_points(grid):
+        runs = {s: v for s in seeds if (v := run_values(out / p.dir_name(s))) is not None}
+        tasks |= {v["task"] for v in runs.values()}
+        rows.append(summarise(p, runs, grid.confidence))
+    if len(tasks) > 1:
+        raise CurveError(f"the runs in {out} hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
+    task = tasks.pop() if tasks else "classification"
+    n_runs = len(curve_points(grid)) * len(seeds)
+    title = (f"DP privacy-utility curve: {dataset}, scenario {scenario} ({_count(grid.methods, 'method')} x "
+             f"{len(grid.epsilons)} ε and {_count(grid.ablations, 'ablation')} x {_count(seeds, 'seed')} = "
+             f"{n_runs} runs)")
+    text = curve_markdown(grid, title, rows, task, failures)
+    plot_curve(grid, rows, out / "dp-curve.png", title, task)
+    walls = [out / p.dir_name(s) / "table_wall_s.json" for p in curve_points(grid) for s in seeds]
+    runs_wall = sum(json.loads(w.read_text())["wall_s"] for w in walls if w.is_file())
+    wall = time.perf_counter() - t0
+    path = write_results(out / "dp-curve.md", text, command, wall_s=wall, runs_wall_s=runs_wall,
+                         writer="resfl dp-curve")
+    if results is not None:
+        results.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "dp-curve.png", results / f"{out.name}.png")
+        write_results(results / f"{out.name}.md", text.replace("](dp-curve.png)", f"]({out.name}.png)"), command,
+                      wall_s=wall, runs_wall_s=runs_wall, writer="resfl dp-curve")
+    if failures:
+        raise CurveError(f"{len(failures)} runs failed (dp-curve.md in {out} lists them; re-run the same command to "
+                         "retry them):\n" + "\n".join(failures))
+    return path
+
+
+def _count(items, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"

@@ -1,0 +1,354 @@
+"""`resfl tune`: the equal tuning budget (issue 24 item 5). Every method gets the same number of trials over its own
+pre-declared grid (conf/tune/<method>.yaml) on the tuning seeds of conf/table/tune.yaml (both read by tune_grid.py),
+and the rule there (tune_rule.py) picks one trial per method on VALIDATION values only; the selected trial's
+overrides go to conf/tuned/<dataset>/<method>.yaml (config/tuned.py), merged with a file already there.
+
+A method's tuning runs start from the tuned file it had when its tuning began (its "base"), frozen in OUT/bases.json:
+a file this command writes later must not turn its own finished runs into stale ones. Runs are trained by
+analysis/runner.py and resumable (a finished run is reused once its saved config is what its command composes to
+now). Writes OUT/tune.md, OUT/selection.json and the trial log RESULTS (docs/results/tune-<dataset>-<scenario>.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.columns import finite
+from resfl_lightning.analysis.run_settings import composed_settings, flatten, stale_runs
+from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.table import algorithm_presets, default_out, table_preset
+from resfl_lightning.analysis.tune_grid import (
+    SCALE,
+    SET_BY_TUNE,
+    TuneError,
+    TuneSettings,
+    concrete,
+    load_grid,
+    load_settings,
+    reserved_seeds,
+    trial_keys,
+)
+from resfl_lightning.analysis.tune_rule import (
+    Selection,
+    TrialValues,
+    fairness_increase,
+    mean_over,
+    merged_tuned,
+    select_trial,
+)
+from resfl_lightning.config.errors import ConfigError
+from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, tuned_path, with_tuned
+from resfl_lightning.resources import PACKAGE_DIR, conf_dir
+
+
+# --- the runs -------------------------------------------------------------------------------------------------------
+def tune_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
+    """runs/tune_<dataset>_<scenario>[-<dataset.* override values>]."""
+    tags = default_out(dataset, scenario, overrides).name.removeprefix(f"table-{dataset}-{scenario}")
+    return Path("runs") / f"tune_{dataset}_{scenario}{tags}"
+
+
+def results_path(dataset: str, scenario: str, overrides: list[str]) -> Path:
+    """docs/results/tune-<dataset>-<scenario>[-<dataset.* override values>].md"""
+    return Path("docs") / "results" / (default_out(dataset, scenario, overrides).name.replace("table-", "tune-", 1)
+                                       + ".md")
+
+
+def run_dir_for(out: Path, method: str, trial: int, seed: int) -> Path:
+    return out / f"{method}-t{trial}-s{seed}"
+
+
+def common_overrides(dataset: str, scenario: str, method: str) -> list[str]:
+    # attack=none: the rule reads no attack metric. use_tuned=false: the frozen base stands in for the tuned file.
+    # eval.final_validation: the val/* metrics the rule selects on.
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), f"algorithm={method}",
+            "attack=none", "eval.final_validation=true", "logger=none", "progress=false", f"{SWITCH}=false"]
+
+
+def run_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, base: list[str],
+                  trial: list[str], user: list[str]) -> list[str]:
+    """One tuning run: the common overrides, the base (minus the keys the trial sets), the trial, then the user's."""
+    keys = {override_key(o) for o in trial}
+    kept = [o for o in base if override_key(o) not in keys]
+    return [*common_overrides(dataset, scenario, method), f"seed={seed}", f"run_dir={run_dir}", *kept, *trial, *user]
+
+
+def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -> dict[str, dict]:
+    """method -> {"file", "overrides"}: the tuned file each method's runs start from, as it was when that method's
+    tuning began here (OUT/bases.json; recorded now for a method tuned here for the first time)."""
+    path = out / "bases.json"
+    bases = json.loads(path.read_text()) if path.is_file() else {}
+    for m in methods:
+        if m not in bases:
+            try:
+                _, tuned, applied = with_tuned(user, {"dataset": dataset, "algorithm": m})
+            except ConfigError as err:
+                raise TuneError(str(err)) from None
+            bases[m] = {"file": None if tuned is None else repo_relative(tuned.path), "overrides": applied}
+    path.write_text(json.dumps(bases, indent=1))
+    return bases
+
+
+def repo_relative(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(PACKAGE_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def run_values(run_dir: Path, settings: TuneSettings) -> dict | None:
+    """The rule's values of one finished run (None: it did not finish): validation utility, the fairness metric and
+    (DP methods) the largest epsilon a client spent."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
+    return {"task": task, "utility": finite(summary.get(settings.utility[task])),
+            "fairness": finite(summary.get(settings.fairness_metric)), "epsilon": finite(summary.get("dp/epsilon_max"))}
+
+
+@dataclass
+class MethodTuning:
+    """One method's tuning: its grid, base, the trials as run, every run's values and the rule's selection."""
+
+    method: str
+    grid: list[tuple[str, ...]]  # as declared
+    trials: list[list[str]]  # as run (scaled values resolved)
+    base: dict  # {"file", "overrides"}
+    values: dict[int, dict[int, dict | None]]  # trial -> seed -> run_values
+    selection: Selection
+    max_increase: float | None
+    outcome: str = ""  # what happened to the method's tuned file
+
+    def series(self, trial: int, key: str) -> dict[int, float | None]:
+        return series(self.values[trial], key)
+
+    def trial_values(self, trial: int) -> TrialValues:
+        return trial_values(self.values, trial)
+
+    @property
+    def complete(self) -> bool:
+        return all(v is not None for runs in self.values.values() for v in runs.values())
+
+
+def series(runs: dict[int, dict | None], key: str) -> dict[int, float | None]:
+    """seed -> the run's value of `key` (None: no finished run)."""
+    return {s: (v or {}).get(key) for s, v in runs.items()}
+
+
+def trial_values(values: dict[int, dict[int, dict | None]], trial: int) -> TrialValues:
+    return TrialValues(trial, series(values[trial], "utility"), series(values[trial], "fairness"))
+
+
+def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,
+                seeds: list[int], settings: TuneSettings) -> MethodTuning:
+    """The method's finished runs and the rule's selection among its trials."""
+    values = {t: {s: run_values(run_dir_for(out, method, t, s), settings) for s in seeds} for t in range(len(grid))}
+    limit = settings.max_increase_for(method)
+    selection = select_trial([trial_values(values, t) for t in values], seeds, limit)
+    return MethodTuning(method, grid, trials, base, values, selection, limit)
+
+
+# --- the outputs ----------------------------------------------------------------------------------------------------
+def _num(v: float | None, digits: int = 4) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def _trial_text(declared: tuple[str, ...], run: list[str]) -> str:
+    if not declared:
+        return "(the preset)"
+    return ", ".join(f"`{r}`" + (f" ({d})" if d != r else "") for d, r in zip(declared, run))
+
+
+def method_lines(t: MethodTuning, seeds: list[int], utility_name: str) -> list[str]:
+    base = (f"{t.base['file']} ({', '.join(f'`{o}`' for o in t.base['overrides'])})" if t.base["overrides"]
+            else "none (the preset as written)")
+    constrained = t.max_increase is not None
+    dp = any((v or {}).get("epsilon") is not None for runs in t.values.values() for v in runs.values())
+    extra = (["val Fairness Score (Δ vs trial 0)"] if constrained else []) + (["ε spent (max)"] if dp else [])
+    lines = [f"## {t.method}", "", f"Grid: conf/tune/{t.method}.yaml. Base (applied to every trial): {base}.", "",
+             "| trial | overrides | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean val {utility_name} | "
+             + "".join(f"{h} | " for h in extra) + "verdict |",
+             "| ---: | --- |" + " ---: |" * (len(seeds) + 1 + len(extra)) + " --- |"]
+    reference = t.trial_values(0)
+    for i, (declared, run) in enumerate(zip(t.grid, t.trials)):
+        util = t.series(i, "utility")
+        cells = [_num(util.get(s)) for s in seeds] + [_num(mean_over(util, seeds))]
+        if constrained:
+            fair = mean_over(t.series(i, "fairness"), seeds)
+            increase = fairness_increase(t.trial_values(i), reference, seeds)
+            cells.append(f"{_num(fair)} ({increase:+.4f})" if math.isfinite(increase) else "n/a")
+        if dp:
+            eps = [e for e in t.series(i, "epsilon").values() if e is not None]
+            cells.append(_num(max(eps), 3) if eps else "n/a")
+        verdict = t.selection.verdicts.get(i, "")
+        mark = "**selected**" if t.selection.selected == i else verdict
+        lines.append(f"| {i} | {_trial_text(declared, run)} | " + " | ".join(cells) + f" | {mark} |")
+    return [*lines, "", f"**Selection:** {t.selection.reason}. {t.outcome}", ""]
+
+
+def tune_markdown(header: str, settings: TuneSettings, tunings: list[MethodTuning], seeds: list[int], task: str,
+                  failures: list[str]) -> str:
+    name = "mAP@50" if task == "detection" else "accuracy"
+    lines = [header, "", "The budget and the selection rule, as pre-registered (conf/table/tune.yaml):", "", "```yaml",
+             settings.text.rstrip(), "```", "",
+             f"Per trial: the validation {name} of each tuning seed's run (the global model's final evaluation on the "
+             "union of the clients' validation splits; the test split is never read), their mean, the constraint "
+             "values and the rule's verdict. Scaled grid values (`key*=f`) are shown as run, the grid's entry in "
+             "brackets.", ""]
+    for t in tunings:
+        lines += method_lines(t, seeds, name)
+    if failures:
+        lines += ["Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures], ""]
+    return "\n".join(lines)
+
+
+def tuned_text(merged: dict, header: list[str], note: str) -> str:
+    comments = header if note in header else [*header, note]
+    return "\n".join([*comments, yaml.safe_dump(merged, sort_keys=False, width=4096).rstrip()]) + "\n"
+
+
+def leading_comments(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
+
+
+def plan_tuned_file(t: MethodTuning, dataset: str, target: Path, command: str, evidence: str,
+                    seeds: list[int]) -> str | None:
+    """The text to write to `target` (None: nothing to write), and t.outcome saying what happens. Merges with the
+    file at `target`, else with the repository's file for the same dataset and method."""
+    if not t.complete or t.selection.selected is None:
+        t.outcome = ("Tuned file: not written (runs missing; re-run the same command to complete them)." if not
+                     t.complete else "Tuned file: not written (nothing selected).")
+        return None
+    existing_path = next((p for p in (target, tuned_path(dataset, t.method)) if p.is_file()), None)
+    existing = None if existing_path is None else yaml.safe_load(existing_path.read_text())
+    i = t.selection.selected
+    merged = merged_tuned(existing, t.trials[i], command, evidence)
+    if merged is None:
+        t.outcome = "Trial 0 (the preset) selected and no tuned file existed: none written."
+        return None
+    note = (f"# `resfl tune` (conf/table/tune.yaml, grid conf/tune/{t.method}.yaml, seeds {seeds}): trial {i}"
+            + (f" ({' '.join(t.trials[i])})" if t.trials[i] else " (the tuning base kept)") + ".")
+    where = "merged into" if existing is not None else "written to"
+    t.outcome = f"Tuned file {where} {repo_relative(target)}: overrides {', '.join(merged['overrides'])}."
+    return tuned_text(merged, leading_comments(existing_path.read_text()) if existing_path else [], note)
+
+
+def write_tuned_file(target: Path, text: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    try:
+        load_tuned(target)  # what `resfl train` will load: checked now
+    except ConfigError as err:
+        raise TuneError(str(err)) from None
+
+
+def selection_record(t: MethodTuning) -> dict:
+    i = t.selection.selected
+    return {"selected": i, "overrides": None if i is None else t.trials[i], "reason": t.selection.reason,
+            "outcome": t.outcome}
+
+
+# --- the command ----------------------------------------------------------------------------------------------------
+def checked_seeds(seeds: list[int]) -> list[int]:
+    taken = sorted(set(seeds) & reserved_seeds())
+    if taken or not seeds or len(set(seeds)) != len(seeds):
+        raise TuneError(f"tuning seeds {seeds}: distinct seeds none of which a table or the frontier uses "
+                        f"(taken: {taken})")
+    return seeds
+
+
+def trials_as_run(grid: list[tuple[str, ...]], composed_from: list[str]) -> list[list[str]]:
+    """The grid's trials with scaled entries resolved against the config `composed_from` composes to (composed
+    only when the grid scales something)."""
+    scaled = any(SCALE in o for trial in grid for o in trial)
+    values = flatten(composed_settings(composed_from)) if scaled else {}
+    return [concrete(trial, values) for trial in grid]
+
+
+def check_user_overrides(user: list[str], grids: dict[str, list[tuple[str, ...]]]) -> None:
+    own = {override_key(o) for o in user}
+    fixed = sorted(own & set(SET_BY_TUNE) - {SWITCH})
+    if fixed:
+        raise TuneError(f"overrides: {fixed} are set by every tuning run (--methods, --seeds choose them)")
+    for m, grid in grids.items():
+        clash = sorted(own & set().union(*map(trial_keys, grid)))
+        if clash:
+            raise TuneError(f"overrides: {clash} are tuned by conf/tune/{m}.yaml; fixing them would leave its trials "
+                            "unequal")
+
+
+def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: list[str], jobs: int,
+             seeds: list[int] | None = None, trials: int | None = None, out: Path | None = None,
+             results: Path | None = None, tuned_dir: Path | None = None, command: str = "resfl tune") -> Path:
+    """Train every (method, trial, seed) not finished yet, select, write OUT/tune.md, OUT/selection.json, RESULTS and
+    the tuned files (into TUNED_DIR/<dataset>/, default conf/tuned/); returns OUT."""
+    from resfl_lightning.analysis.provenance import write_results
+
+    settings = load_settings()
+    presets = algorithm_presets()
+    methods = presets if methods is None else methods
+    unknown = [m for m in methods if m not in presets]
+    if unknown:
+        raise TuneError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
+    seeds = checked_seeds(list(settings.seeds if seeds is None else seeds))
+    k = settings.trials if trials is None else trials
+    if not 1 <= k <= settings.trials:
+        raise TuneError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
+    if jobs < 1:
+        raise TuneError(f"--jobs must be >= 1, got {jobs}")
+    user = [o for o in overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases reads it)
+    grids = {m: load_grid(m, settings)[:k] for m in methods}
+    check_user_overrides(overrides, grids)
+    out = out or tune_out(dataset, scenario, overrides)
+    results = results or results_path(dataset, scenario, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    bases = frozen_bases(out, dataset, methods, overrides)
+    run_trials = {m: trials_as_run(grids[m], [*common_overrides(dataset, scenario, m), *bases[m]["overrides"], *user])
+                  for m in methods}
+    jobs_list = [(run_dir_for(out, m, t, s),
+                  run_overrides(dataset, scenario, m, s, run_dir_for(out, m, t, s), bases[m]["overrides"],
+                                run_trials[m][t], user))
+                 for s in seeds for m in methods for t in range(k)]
+    stale = stale_runs(jobs_list)
+    if stale:
+        raise TuneError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+                        "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
+    t0 = time.perf_counter()
+    failures = run_jobs(jobs_list, jobs)
+    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings) for m in methods]
+    tasks = {v["task"] for t in tunings for runs in t.values.values() for v in runs.values() if v is not None}
+    task = tasks.pop() if len(tasks) == 1 else "classification"
+    tuned_root = tuned_dir or conf_dir() / "tuned"
+    evidence = repo_relative(results)
+    planned = {t.method: plan_tuned_file(t, dataset, tuned_root / dataset / f"{t.method}.yaml", command, evidence,
+                                         seeds) for t in tunings}
+    total = time.perf_counter() - t0
+    walls = [rd / "table_wall_s.json" for rd, _ in jobs_list]
+    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
+    header = (f"# Tuning budget: {dataset}, scenario {scenario} ({len(methods)} methods x {budget} x {len(seeds)} "
+              f"tuning seeds {seeds}; {len(jobs_list)} runs; this invocation took {total:.0f} s with --jobs {jobs}; "
+              f"the runs' own wall times sum to {run_walls:.0f} s)")
+    text = tune_markdown(header, settings, tunings, seeds, task, failures)
+    (out / "tune.md").write_text(text)
+    (out / "selection.json").write_text(json.dumps({t.method: selection_record(t) for t in tunings}, indent=1))
+    write_results(results, text, command, wall_s=total, runs_wall_s=run_walls, writer="resfl tune")
+    for m, planned_text in planned.items():
+        if planned_text is not None:
+            write_tuned_file(tuned_root / dataset / f"{m}.yaml", planned_text)
+    if failures:
+        raise TuneError(f"{len(failures)} of {len(jobs_list)} runs failed (the trial log in {out} shows them; re-run "
+                        "the same command to retry them):\n" + "\n".join(failures))
+    return out

@@ -1,0 +1,159 @@
+"""`resfl tune`'s budget and grids: conf/table/tune.yaml (trials, tuning seeds, fixed keys, the rule's metrics) and
+conf/tune/<method>.yaml (the method's trials, trial 0 the preset), checked so that every method gets the same number
+of trials and no grid moves what must stay fixed; `key*=f` entries scale the value the run would otherwise have."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.columns import finite
+from resfl_lightning.analysis.frontier import load_grid as load_frontier_grid
+from resfl_lightning.analysis.statistics import load_statistics
+from resfl_lightning.analysis.table import algorithm_presets
+from resfl_lightning.config.tuned import RECORD, SWITCH, override_key
+from resfl_lightning.resources import conf_dir
+
+SCALE = "*="  # `key*=f` in a grid: f times the value the run would have without the trial
+SET_BY_TUNE = ("algorithm", "seed", "run_dir", SWITCH, RECORD)  # keys each tuning run's command sets itself
+
+
+class TuneError(RuntimeError):
+    """The tuning cannot run as asked; the message says why (and names the file at fault)."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int  # every method's budget
+    seeds: tuple[int, ...]
+    fixed: tuple[str, ...]  # keys no grid may set (nor any key under them)
+    utility: dict[str, str]  # task -> summary.json key
+    fairness_metric: str
+    max_increase: float
+    fairness_methods: tuple[str, ...]
+    text: str  # the file as written (quoted in the trial log)
+
+    def max_increase_for(self, method: str) -> float | None:
+        return self.max_increase if method in self.fairness_methods else None
+
+
+def settings_file() -> Path:
+    return conf_dir() / "table" / "tune.yaml"
+
+
+def load_settings(path: Path | None = None) -> TuneSettings:
+    path = Path(path or settings_file())
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        rule = raw["rule"]
+        settings = TuneSettings(int(raw["trials"]), tuple(int(s) for s in raw["tuning_seeds"]),
+                                tuple(str(k) for k in raw["fixed"]),
+                                {str(k): str(v) for k, v in rule["utility"].items()}, str(rule["fairness"]["metric"]),
+                                float(rule["fairness"]["max_increase"]),
+                                tuple(str(m) for m in rule["fairness"]["methods"]), path.read_text())
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise TuneError(f"{path}: missing or malformed key {err}") from None
+    if settings.trials < 1 or not settings.seeds:
+        raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds non-empty")
+    unknown = sorted(set(settings.fairness_methods) - set(algorithm_presets()))
+    if unknown:
+        raise TuneError(f"{path}: rule.fairness.methods: no conf/algorithm/ preset {unknown}")
+    return settings
+
+
+def reserved_seeds() -> set[int]:
+    """The seeds of the tables (0 .. the largest seed count of conf/table/statistics.yaml) and of the adversary
+    frontier (its tuning and confirmation seeds): tuning on them would select on the numbers it is judged by."""
+    frontier = load_frontier_grid()
+    table = max(primary for _, primary in load_statistics().seeds.values())
+    return set(range(table)) | set(frontier.tuning_seeds) | set(frontier.confirmation_seeds)
+
+
+def grid_file(method: str) -> Path:
+    return conf_dir() / "tune" / f"{method}.yaml"
+
+
+def item_key(item: str) -> str:
+    """The key a grid entry sets: `a.b=1` and `a.b*=3` both set a.b."""
+    return override_key(item.replace(SCALE, "=", 1))
+
+
+def scale_factor(item: str) -> float:
+    """f of `key*=f` (a number or a fraction such as 1/3); ValueError unless positive."""
+    try:
+        factor = float(Fraction(item.split(SCALE, 1)[1].strip()))
+    except (ValueError, ZeroDivisionError):
+        factor = math.nan
+    if not factor > 0:
+        raise ValueError(f"{item!r}: the factor must be a positive number or fraction (1/3)")
+    return factor
+
+
+def _check_item(path: Path, where: str, item, fixed: tuple[str, ...]) -> str:
+    if not isinstance(item, str) or "=" not in item:
+        raise TuneError(f"{path}: {where}: expected key=value or key*=factor, got {item!r}")
+    key = item_key(item)
+    if key in SET_BY_TUNE or any(key == f or key.startswith(f + ".") for f in fixed):
+        raise TuneError(f"{path}: {where}: {key} is fixed (conf/table/tune.yaml `fixed`, or set by every tuning run)")
+    if SCALE in item:
+        try:
+            scale_factor(item)
+        except ValueError as err:
+            raise TuneError(f"{path}: {where}: {err}") from None
+    return key
+
+
+def load_grid(method: str, settings: TuneSettings, path: Path | None = None) -> list[tuple[str, ...]]:
+    """The method's trials as declared (`key*=f` unresolved), checked against the budget: exactly settings.trials
+    trials, trial 0 empty (the preset), no trial twice, no key set twice in a trial, no fixed key."""
+    path = Path(path or grid_file(method))
+    if not path.is_file():
+        raise TuneError(f"{path}: no grid for {method}: every method needs one (conf/tune/<method>.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise TuneError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(raw, dict) or set(raw) != {"trials"} or not isinstance(raw["trials"], list):
+        raise TuneError(f"{path}: expected a mapping with one key, `trials`: a list of override lists")
+    trials = raw["trials"]
+    if len(trials) != settings.trials:
+        raise TuneError(f"{path}: {len(trials)} trials, but the budget is {settings.trials} (conf/table/tune.yaml "
+                        "`trials`): every method gets the same number")
+    if trials[0] != []:
+        raise TuneError(f"{path}: trials[0] must be [] (the untuned preset), got {trials[0]!r}")
+    out: list[tuple[str, ...]] = []
+    for i, trial in enumerate(trials):
+        if not isinstance(trial, list):
+            raise TuneError(f"{path}: trials[{i}]: expected a list of overrides, got {trial!r}")
+        keys = [_check_item(path, f"trials[{i}][{j}]", item, settings.fixed) for j, item in enumerate(trial)]
+        if len(set(keys)) != len(keys):
+            raise TuneError(f"{path}: trials[{i}]: a key is set twice ({keys})")
+        if tuple(trial) in out:
+            raise TuneError(f"{path}: trials[{i}] repeats trials[{out.index(tuple(trial))}]")
+        out.append(tuple(trial))
+    return out
+
+
+def trial_keys(trial: tuple[str, ...]) -> set[str]:
+    return {item_key(o) for o in trial}
+
+
+def concrete(trial: tuple[str, ...], base: dict) -> list[str]:
+    """The trial's overrides with every `key*=f` replaced by key=f x base[key] (base: the run's flattened settings
+    without the trial)."""
+    out = []
+    for item in trial:
+        if SCALE not in item:
+            out.append(item)
+            continue
+        key = item_key(item)
+        value = finite(base.get(key))
+        if value is None:
+            raise TuneError(f"{item!r}: {key} is {base.get(key)!r} in the composed config, not a number to scale")
+        out.append(f"{key}={value * scale_factor(item):.6g}")
+    return out

@@ -1,0 +1,61 @@
+"""`resfl tune`: the equal tuning budget (resfl_lightning/analysis/tune.py; conf/table/tune.yaml, conf/tune/).
+
+Every method (each preset of conf/algorithm/, or --methods) gets the same number of trials over its own grid
+conf/tune/<method>.yaml (trial 0: the preset) on the tuning seeds (default 120-122, disjoint from the tables' and the
+frontier's). Per method the rule picks the trial with the highest mean VALIDATION utility (accuracy, or mAP@50 for
+detection; the test split is never read); a method that claims fairness must keep its validation Fairness Score
+within the stated margin of the preset's; a DP method's epsilon is never in a grid. The selected overrides go to
+conf/tuned/<dataset>/<method>.yaml (merged with a file already there; none is written when the preset itself wins),
+which `resfl train` then applies. Runs are resumable (OUT, default runs/tune_<dataset>_<scenario>); the trial log
+goes to OUT/tune.md and --results (default docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="resfl tune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--scenario", default="iid")
+    p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: all)")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 120,121,122)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="the first K trials of every grid (default: all, the budget of conf/table/tune.yaml); every "
+                   "method still gets the same number")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default runs/tune_<dataset>_<scenario>[-<dataset.* overrides>]")
+    p.add_argument("--results", type=Path, default=None,
+                   help="the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>].md)")
+    p.add_argument("--tuned-dir", type=Path, default=None,
+                   help="write the tuned files into DIR/<dataset>/<method>.yaml instead of conf/tuned/")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    from resfl_lightning.analysis.tune import run_tune
+    from resfl_lightning.analysis.tune_grid import TuneError
+
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    try:
+        seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds: comma-separated integers, got {args.seeds!r}") from None
+    try:
+        out = run_tune(args.dataset, args.scenario, methods, list(args.overrides), args.jobs, seeds=seeds,
+                       trials=args.trials, out=args.out, results=args.results, tuned_dir=args.tuned_dir,
+                       command=shlex.join(["resfl", "tune", *argv]))
+    except TuneError as err:
+        raise SystemExit(str(err)) from None
+    print((out / "tune.md").read_text())
+    return 0

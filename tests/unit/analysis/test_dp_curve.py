@@ -1,0 +1,160 @@
+"""`resfl dp-curve` (analysis/dp_curve.py): the pre-registered grid and its errors, each point's overrides, and the
+markdown / figure built from fabricated per-run values (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from resfl_lightning.analysis import dp_curve
+from resfl_lightning.analysis.dp_curve import (
+    CurveError,
+    CurvePoint,
+    curve_markdown,
+    curve_points,
+    load_grid,
+    plot_curve,
+    row_cells,
+    run_dp_curve,
+    run_values,
+    summarise,
+)
+from tests.helpers import compose_config
+
+GOOD = """methods: [fedavg_dp, pfu_fl]
+epsilon: [1, inf]
+ablations: {fedavg: [algorithm=fedavg]}
+seeds: [0, 1, 2]
+attack: none
+confidence: 0.95
+"""
+
+
+def test_the_registered_grid():
+    grid = load_grid()
+    assert grid.methods == ["fedavg_dp", "puffle", "pfu_fl"]
+    assert grid.epsilons == [0.5, 1.0, 2.0, 8.0, math.inf]
+    assert set(grid.ablations) == {"fedavg", "fedavg_gn"} and grid.seeds == [0, 1, 2] and grid.attack == "none"
+    assert len(curve_points(grid)) == 3 * 5 + 2
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (("seeds: [0, 1, 2]\n", ""), "seeds: missing"),
+    (("[fedavg_dp, pfu_fl]", "[fedavg_dp, nosuch]"), "methods[1]: no preset"),
+    (("[fedavg_dp, pfu_fl]", "[fedavg]"), "methods[0]: fedavg is no DP-SGD preset"),
+    (("[1, inf]", "[1, -2]"), "epsilon[1]: expected a positive number or inf"),
+    (("[1, inf]", "[1, 1.0]"), "epsilon: values repeat"),
+    (("[1, inf]", "[]"), "epsilon: expected a non-empty list"),
+    (("[algorithm=fedavg]", "[fedavg]"), "ablations.fedavg: expected a non-empty list of key=value"),
+    (("{fedavg:", "{pfu_fl:"), "ablations.pfu_fl: a label"),
+    (("[0, 1, 2]", "[0, 0]"), "seeds: expected a non-empty list of distinct integers"),
+    (("attack: none", "attack: nosuch"), "attack: expected a conf/attack/ preset"),
+    (("confidence: 0.95", "confidence: 95"), "confidence: expected a number in (0, 1)"),
+])
+def test_grid_errors_name_the_file_and_key(tmp_path: Path, change, key):
+    path = tmp_path / "grid.yaml"
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(CurveError) as err:
+        load_grid(path)
+    assert str(err.value).startswith(f"{path}: ") and key in str(err.value)
+
+
+def test_points_compose_to_the_intended_dp_settings():
+    grid = load_grid()
+    inf = CurvePoint("pfu_fl", math.inf).overrides(grid)
+    assert inf == ["algorithm=pfu_fl", "algorithm.dp.target_epsilon=null", "algorithm.dp.noise_multiplier=0.0"]
+    cfg = compose_config(*CurvePoint("pfu_fl", 0.5).overrides(grid), "logger=none")
+    assert (cfg.algorithm.dp.target_epsilon, cfg.algorithm.dp.noise_multiplier) == (0.5, None)
+    cfg = compose_config(*CurvePoint("puffle", math.inf).overrides(grid), "logger=none")
+    assert (cfg.algorithm.dp.target_epsilon, cfg.algorithm.dp.noise_multiplier) == (None, 0.0)
+    cfg = compose_config(*CurvePoint("fedavg_gn").overrides(grid), "logger=none")
+    assert cfg.algorithm.dp.enabled is False and cfg.algorithm.name == "fedavg_gn"
+    assert CurvePoint("puffle", 8.0).dir_name(2) == "puffle-eps8-s2"
+    assert CurvePoint("fedavg_dp", math.inf).dir_name(0) == "fedavg_dp-epsinf-s0"
+    assert CurvePoint("fedavg").dir_name(1) == "fedavg-s1"
+
+
+def dp_run(utility: float, z: float = 2.5, nsr: float = 0.4, spent: float | None = 0.99, steps: float = 250.0) -> dict:
+    return {"utility": utility, "z": z, "q": 0.0397, "steps": steps, "C": 1.0, "delta": 1e-6,
+            "epsilon_spent": spent, "nsr": nsr, "task": "classification"}
+
+
+def test_row_cells_from_fabricated_runs():
+    utilities = [0.80, 0.82, 0.81]
+    row = summarise(CurvePoint("fedavg_dp", 1.0), {s: dp_run(u, nsr=0.3 + 0.1 * s, spent=0.98 + 0.005 * s)
+                                                   for s, u in enumerate(utilities)}, 0.95)
+    ci = stats.t.interval(0.95, 2, loc=0.81, scale=stats.sem(utilities))
+    assert row_cells(row) == ["1", "3", f"0.8100 [{ci[0]:.4f}, {ci[1]:.4f}]", "2.5", "0.0397", "250", "1", "1e-06",
+                              "0.990", "0.4"]
+    differing = summarise(CurvePoint("puffle", 1.0), {0: dp_run(0.7, steps=250.0), 1: dp_run(0.7, steps=240.0)}, 0.95)
+    assert row_cells(differing)[5] == "240–250"
+    clip = summarise(CurvePoint("pfu_fl", math.inf), {0: dp_run(0.84, z=0.0, nsr=0.0, spent=math.inf)}, 0.95)
+    assert row_cells(clip)[:3] == ["∞ (clipping only)", "1", "0.8400"] and row_cells(clip)[-2:] == ["∞", "0"]
+    none = {"utility": 0.85, "task": "classification", **{k: None for k in dp_curve.DP_KEYS}}
+    ablation = summarise(CurvePoint("fedavg"), {0: none, 1: dict(none, utility=0.86)}, 0.95)
+    assert row_cells(ablation)[0] == "no DP" and row_cells(ablation)[3:] == ["—"] * 7
+
+
+def fake_run(run_dir: Path, utility: float, z: float | None, task: str = "classification") -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"test/accuracy": utility, "dp/noise_multiplier": z, "dp/sample_rate": 0.04, "dp/steps": 250.0,
+               "dp/max_grad_norm": 1.0, "dp/delta": 1e-6, "dp/epsilon_max": None if z == 0 else 0.99,
+               "dp/nsr": 0.0 if z == 0 else 0.5}
+    if z is None:
+        summary = {"test/accuracy": utility}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "config.yaml").write_text(f"dataset:\n  task: {task}\n")
+    (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 2.0}))
+
+
+def test_run_values_reads_the_summary_and_marks_no_noise_as_infinite_epsilon(tmp_path: Path):
+    fake_run(tmp_path / "a", 0.8, 0.0)
+    values = run_values(tmp_path / "a")
+    assert values["epsilon_spent"] == math.inf and values["z"] == 0.0 and values["utility"] == 0.8
+    fake_run(tmp_path / "b", 0.8, None)
+    assert run_values(tmp_path / "b")["z"] is None
+    assert run_values(tmp_path / "missing") is None
+
+
+def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
+    """The whole command without training: run_jobs is replaced by one that writes each run's files."""
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(GOOD)
+    calls = []
+
+    def fake_jobs(jobs, workers):
+        calls.append(len(jobs))
+        for rd, overrides in jobs:
+            seed = int(next(o for o in overrides if o.startswith("seed=")).split("=")[1])
+            z = 0.0 if "algorithm.dp.noise_multiplier=0.0" in overrides else (None if "algorithm=fedavg" in overrides
+                                                                               else 2.0)
+            fake_run(rd, 0.80 + 0.01 * seed + (0.02 if z is None else 0.0), z)
+        return []
+
+    monkeypatch.setattr(dp_curve, "run_jobs", fake_jobs)
+    monkeypatch.setattr(dp_curve, "finished_run_mismatch", lambda rd, ov: [])
+    out, results = tmp_path / "out", tmp_path / "results"
+    path = run_dp_curve("adult", "iid", ["dataset.root=/data/adult"], 1, out, results, grid_path,
+                        command="resfl dp-curve --dataset adult dataset.root=/data/adult")
+    text = path.read_text()
+    assert text.startswith("# DP privacy-utility curve: adult, scenario iid (2 methods x 2 ε and 1 ablation x 3 "
+                           "seeds = 15 runs)")
+    assert "- command: `resfl dp-curve --dataset adult dataset.root=/data/adult`" in text and "- commit: " in text
+    assert "| fedavg_dp | 1 | 3 | 0.8100 [" in text and "| pfu_fl | ∞ (clipping only) | 3 |" in text
+    assert "| fedavg | no DP | 3 | 0.8300 [" in text
+    assert (out / "dp-curve.png").stat().st_size > 10_000
+    assert (results / "out.png").is_file() and "](out.png)" in (results / "out.md").read_text()
+    run_dp_curve("adult", "iid", [], 1, out, None, grid_path)  # resumable: nothing left to train
+    assert calls == [15, 15] and len(list(out.glob("*-s*"))) == 15  # (the real run_jobs skips finished runs)
+
+
+def test_plot_with_a_single_seed_and_detection(tmp_path: Path):
+    grid = load_grid()
+    rows = [summarise(p, {0: dict(dp_run(0.3), task="detection")}, 0.95) for p in curve_points(grid)]
+    plot_curve(grid, rows, tmp_path / "c.png", "t", "detection")
+    assert (tmp_path / "c.png").is_file()
+    assert "test mAP@50" in curve_markdown(grid, "t", rows, "detection", ["run x failed"])

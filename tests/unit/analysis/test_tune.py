@@ -1,0 +1,228 @@
+"""`resfl tune`: the selection rule on hand-made values, the merge with a tuned file already there, the written file
+as `resfl train` loads it, the trial log, each run's composed settings, and (slow) the command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.tune import (
+    MethodTuning,
+    check_user_overrides,
+    frozen_bases,
+    plan_tuned_file,
+    run_overrides,
+    tune_markdown,
+    write_tuned_file,
+)
+from resfl_lightning.analysis.tune_grid import TuneError, load_settings
+from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial
+from resfl_lightning.config.tuned import load_tuned
+from resfl_lightning.resources import conf_dir
+
+SEEDS = [120, 121, 122]
+
+
+def trial(index: int, utility: list[float | None], fairness: list[float | None] | None = None) -> TrialValues:
+    return TrialValues(index, dict(zip(SEEDS, utility)), dict(zip(SEEDS, fairness or [])))
+
+
+def test_the_best_mean_validation_utility_wins():
+    sel = select_trial([trial(0, [0.80, 0.81, 0.82]), trial(1, [0.83, 0.80, 0.83]), trial(2, [0.79, 0.79, 0.79])],
+                       SEEDS)
+    assert sel.selected == 1 and sel.reason.startswith("selected trial 1: mean validation utility 0.8200")
+    assert set(sel.verdicts.values()) == {"feasible"}
+
+
+def test_the_fairness_constraint_excludes_a_trial_with_better_utility():
+    preset = trial(0, [0.80, 0.80, 0.80], [0.10, 0.12, 0.11])
+    unfair = trial(1, [0.90, 0.90, 0.90], [0.13, 0.15, 0.14])  # +0.03 Fairness Score: beyond the 0.02 margin
+    within = trial(2, [0.82, 0.82, 0.82], [0.12, 0.14, 0.13])  # +0.02: on the margin, allowed
+    sel = select_trial([preset, unfair, within], SEEDS, max_increase=0.02)
+    assert sel.selected == 2
+    assert sel.verdicts[1] == "excluded: validation Fairness Score +0.0300 vs trial 0 (> +0.02)"
+    assert select_trial([preset, unfair, within], SEEDS).selected == 1  # a method without the constraint
+
+
+def test_ties_go_to_the_trial_listed_first_and_trial_0_wins_ties():
+    sel = select_trial([trial(0, [0.8] * 3), trial(1, [0.9] * 3), trial(2, [0.9] * 3)], SEEDS)
+    assert sel.selected == 1 and "tied with 1 other trials: the first listed" in sel.reason
+    assert select_trial([trial(0, [0.9] * 3), trial(1, [0.9] * 3)], SEEDS).selected == 0
+
+
+def test_missing_values_exclude_a_trial_and_an_incomplete_preset_selects_nothing():
+    sel = select_trial([trial(0, [0.8] * 3, [0.1] * 3), trial(1, [0.9, None, 0.9], [0.1] * 3),
+                        trial(2, [0.9, 0.9, math.nan], [0.1] * 3), trial(3, [0.95] * 3, [0.1, None, 0.1])],
+                       SEEDS, max_increase=0.02)
+    assert sel.selected == 0
+    assert sel.verdicts[1] == "excluded: no validation utility on seeds [121]"
+    assert sel.verdicts[2] == "excluded: no validation utility on seeds [122]"
+    assert sel.verdicts[3] == "excluded: no validation Fairness Score on seeds [121]"
+    none = select_trial([trial(0, [0.8, None, 0.8]), trial(1, [0.9] * 3)], SEEDS)
+    assert none.selected is None and none.reason.startswith("none selected: trial 0 (the untuned preset")
+    with pytest.raises(ValueError, match="start with trial 0"):
+        select_trial([trial(1, [0.9] * 3)], SEEDS)
+
+
+ADULT_RESFL = {"selected_by": "resfl frontier --dataset adult", "evidence": ["docs/results/frontier-adult-iid-sex.md"],
+               "overrides": ["adversary=strong", "algorithm.lambda_priv=0.3"]}
+
+
+def test_the_merge_keeps_what_the_trial_does_not_set_and_extends_the_provenance():
+    merged = merged_tuned(ADULT_RESFL, ["algorithm.lambda_fair=0.03", "algorithm.lambda_priv=1.0"], "resfl tune x",
+                          "docs/results/tune-adult-iid.md")
+    assert merged["overrides"] == ["adversary=strong", "algorithm.lambda_fair=0.03", "algorithm.lambda_priv=1.0"]
+    assert merged["selected_by"] == "resfl frontier --dataset adult; then resfl tune x"
+    assert merged["evidence"] == ["docs/results/frontier-adult-iid-sex.md", "docs/results/tune-adult-iid.md"]
+    assert merged_tuned(merged, ["algorithm.lambda_fair=0.03", "algorithm.lambda_priv=1.0"], "resfl tune x",
+                        "docs/results/tune-adult-iid.md") == merged  # the same command again changes nothing
+    kept = merged_tuned(ADULT_RESFL, [], "resfl tune x", "e.md")  # the preset won: the file stays, provenance grows
+    assert kept["overrides"] == ADULT_RESFL["overrides"] and kept["evidence"][-1] == "e.md"
+    assert merged_tuned(None, [], "resfl tune x", "e.md") is None
+    assert merged_tuned(None, ["optim.lr=0.003"], "resfl tune x", "e.md") == {
+        "selected_by": "resfl tune x", "evidence": ["e.md"], "overrides": ["optim.lr=0.003"]}
+
+
+def tuning(method: str = "resfl", selected_values: float = 0.85, base: dict | None = None) -> MethodTuning:
+    grid = [(), ("optim.lr*=1/3",), ("algorithm.lambda_fair=0.03",)]
+    trials = [[], ["optim.lr=0.00333333"], ["algorithm.lambda_fair=0.03"]]
+    utility = {0: 0.84, 1: 0.83, 2: selected_values}
+    values = {t: {s: {"task": "classification", "utility": u + 0.001 * (s - 121), "fairness": 0.10 + 0.005 * t,
+                      "epsilon": None} for s in SEEDS} for t, u in utility.items()}
+    values[1][122] = None  # a run that did not finish
+    tvs = [TrialValues(t, {s: (v or {}).get("utility") for s, v in runs.items()},
+                       {s: (v or {}).get("fairness") for s, v in runs.items()}) for t, runs in values.items()]
+    return MethodTuning(method, grid, trials, base or {"file": None, "overrides": []}, values,
+                        select_trial(tvs, SEEDS, 0.02), 0.02)
+
+
+def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loads_it(tmp_path: Path):
+    target = tmp_path / "tuned" / "adult" / "resfl.yaml"
+    target.parent.mkdir(parents=True)
+    target.write_text("# why the frontier chose phi\n" + yaml.safe_dump(ADULT_RESFL, sort_keys=False))
+    t = tuning()
+    t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "epsilon": None}  # complete
+    assert t.selection.selected == 2
+    text = plan_tuned_file(t, "adult", target, "resfl tune --dataset adult", "docs/results/tune-adult-iid.md", SEEDS)
+    assert t.outcome.startswith(f"Tuned file merged into {target}: overrides adversary=strong, ")
+    write_tuned_file(target, text)
+    loaded = load_tuned(target)
+    assert loaded.overrides == ("adversary=strong", "algorithm.lambda_priv=0.3", "algorithm.lambda_fair=0.03")
+    lines = target.read_text().splitlines()
+    assert lines[0] == "# why the frontier chose phi" and lines[1].startswith("# `resfl tune` (conf/table/tune.yaml")
+    assert "trial 2 (algorithm.lambda_fair=0.03)" in lines[1]
+    assert yaml.safe_load(target.read_text())["evidence"][-1] == "docs/results/tune-adult-iid.md"
+
+
+def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: Path):
+    target = tmp_path / "adult" / "fedavg.yaml"
+    preset = tuning("fedavg", selected_values=0.80)
+    preset.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "epsilon": None}
+    preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
+    assert preset.selection.selected == 0
+    assert plan_tuned_file(preset, "adult", target, "c", "e.md", SEEDS) is None
+    assert preset.outcome == "Trial 0 (the preset) selected and no tuned file existed: none written."
+    missing = tuning("fedavg")
+    assert plan_tuned_file(missing, "adult", target, "c", "e.md", SEEDS) is None
+    assert "runs missing" in missing.outcome and not target.exists()
+
+
+def test_the_trial_log_lists_every_trial_with_its_seeds_mean_constraint_and_verdict():
+    t = tuning(base={"file": "conf/tuned/adult/resfl.yaml", "overrides": ["adversary=strong"]})
+    t.outcome = "Tuned file written to x."
+    text = tune_markdown("# Tuning budget: adult", load_settings(), [t], SEEDS, "classification", ["run y failed"])
+    assert text.startswith("# Tuning budget: adult\n") and "```yaml\n# The equal tuning budget" in text
+    assert "Base (applied to every trial): conf/tuned/adult/resfl.yaml (`adversary=strong`)." in text
+    assert ("| trial | overrides | seed 120 | seed 121 | seed 122 | mean val accuracy | "
+            "val Fairness Score (Δ vs trial 0) | verdict |") in text
+    assert "| 0 | (the preset) | 0.8390 | 0.8400 | 0.8410 | 0.8400 | 0.1000 (+0.0000) | feasible |" in text
+    assert ("| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) | 0.8290 | 0.8300 | n/a | n/a | n/a | "
+            "excluded: no validation utility on seeds [122] |") in text
+    assert ("| 2 | `algorithm.lambda_fair=0.03` | 0.8490 | 0.8500 | 0.8510 | 0.8500 | 0.1100 (+0.0100) | "
+            "**selected** |") in text
+    assert "**Selection:** selected trial 2: mean validation utility 0.8500. Tuned file written to x." in text
+    assert text.rstrip().endswith("- run y failed")
+
+
+def test_a_run_composes_to_its_base_trial_and_user_overrides(tmp_path: Path):
+    from resfl_lightning.analysis.run_settings import composed_settings
+
+    base = ["adversary=strong", "algorithm.lambda_priv=0.3"]
+    cfg = composed_settings(run_overrides("adult", "iid", "resfl", 121, tmp_path / "r", base,
+                                          ["algorithm.lambda_priv=1.0", "algorithm.lambda_fair=0.03"],
+                                          ["federation.rounds=2"]))
+    alg = cfg["algorithm"]
+    assert (alg["name"], alg["lambda_priv"], alg["lambda_fair"], alg["adversary_steps"]) == ("resfl", 1.0, 0.03, 5)
+    assert cfg["seed"] == 121 and cfg["federation"]["rounds"] == 2 and cfg["attack"]["enabled"] is None
+    assert (cfg["use_tuned"], cfg["tuned_file"]) == (False, None)  # the frozen base stands in for the file
+
+
+def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
+    bases = frozen_bases(tmp_path, "adult", ["resfl", "fedavg"], [])
+    assert bases["resfl"] == {"file": "conf/tuned/adult/resfl.yaml",
+                              "overrides": list(load_tuned(conf_dir() / "tuned/adult/resfl.yaml").overrides)}
+    assert bases["fedavg"] == {"file": None, "overrides": []}
+    assert frozen_bases(tmp_path, "adult", ["resfl"], ["adversary=paper_minimal"])["resfl"] == bases["resfl"]
+    other = tmp_path / "other"
+    other.mkdir()
+    assert frozen_bases(other, "adult", ["resfl"], ["use_tuned=false"])["resfl"]["overrides"] == []
+    assert frozen_bases(other, "adult", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
+
+
+def test_user_overrides_may_not_fix_what_a_run_or_a_grid_sets():
+    grids = {"fedsam": [(), ("optim.lr*=3",), ("algorithm.sam_rho=0.1",)]}
+    check_user_overrides(["federation.rounds=1", "use_tuned=false"], grids)
+    with pytest.raises(TuneError, match=r"\['seed'\] are set by every tuning run"):
+        check_user_overrides(["seed=3"], grids)
+    with pytest.raises(TuneError, match=r"\['algorithm.sam_rho'\] are tuned by conf/tune/fedsam.yaml"):
+        check_user_overrides(["algorithm.sam_rho=0.2"], grids)
+    with pytest.raises(TuneError, match=r"\['optim.lr'\] are tuned"):
+        check_user_overrides(["optim.lr=0.1"], grids)
+
+
+def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Path):
+    from resfl_lightning.analysis.tune import run_tune
+
+    for seeds in ([3], [104, 120], [120, 120]):
+        with pytest.raises(TuneError, match="tuning seeds"):
+            run_tune("adult", "iid", ["fedavg"], [], 1, seeds=seeds, out=tmp_path)
+    with pytest.raises(TuneError, match="--trials must lie in 1..8"):
+        run_tune("adult", "iid", ["fedavg"], [], 1, trials=9, out=tmp_path)
+    with pytest.raises(TuneError, match="--methods: unknown"):
+        run_tune("adult", "iid", ["nope"], [], 1, out=tmp_path)
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path):
+    from resfl_lightning.cli.tune import main
+
+    out, results, tuned = tmp_path / "runs", tmp_path / "results" / "tune-adult-iid.md", tmp_path / "tuned"
+    args = ["--dataset", "adult", "--methods", "fedavg", "--trials", "2", "--seeds", "120", "--jobs", "1",
+            "--out", str(out), "--results", str(results), "--tuned-dir", str(tuned), f"dataset.root={adult_dir}",
+            "federation.rounds=1"]
+    assert main(args) == 0
+    for t in (0, 1):
+        run = out / f"fedavg-t{t}-s120"
+        summary = json.loads((run / "summary.json").read_text())
+        assert 0 < summary["val/accuracy"] < 1 and "val/fairness_score" in summary
+        assert OmegaConf.load(run / "config.yaml").optim.lr == pytest.approx(0.01 / 3 if t else 0.01, rel=1e-5)
+    text = results.read_text()
+    assert text.startswith("# Tuning budget: adult, scenario iid (1 methods x the first 2 of 8 trials x 1 tuning")
+    assert "- command: `resfl tune --dataset adult --methods fedavg --trials 2" in text
+    assert "| 0 | (the preset) |" in text and "| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) |" in text
+    selection = json.loads((out / "selection.json").read_text())["fedavg"]
+    path = tuned / "adult" / "fedavg.yaml"
+    if selection["selected"] == 0:  # the preset won: no file
+        assert not path.exists() and "none written" in text
+    else:
+        assert load_tuned(path).overrides == ("optim.lr=0.00333333",)
+        assert yaml.safe_load(path.read_text())["evidence"] == [str(results)]
+    before = (out / "fedavg-t0-s120" / "table_wall_s.json").read_text()
+    assert main(args) == 0  # resumable: nothing is trained again, and the same file is written
+    assert (out / "fedavg-t0-s120" / "table_wall_s.json").read_text() == before
+    assert not (conf_dir() / "tuned" / "adult" / "fedavg.yaml").exists()  # --tuned-dir kept the repository clean

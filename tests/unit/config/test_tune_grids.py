@@ -1,0 +1,93 @@
+"""conf/table/tune.yaml and conf/tune/<method>.yaml: the registered budget and rule, every shipped grid loads with
+the same trial count and trial 0 empty, and a grid that breaks the budget is refused naming its file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from resfl_lightning.analysis.run_settings import composed_settings, flatten
+from resfl_lightning.analysis.table import algorithm_presets
+from resfl_lightning.analysis.tune import common_overrides
+from resfl_lightning.analysis.tune_grid import (
+    SCALE,
+    TuneError,
+    concrete,
+    load_grid,
+    load_settings,
+    reserved_seeds,
+    trial_keys,
+)
+from resfl_lightning.resources import conf_dir
+
+
+def test_the_registered_budget_and_rule():
+    s = load_settings()
+    assert s.trials == 8 and s.seeds == (120, 121, 122)
+    assert not set(s.seeds) & reserved_seeds()
+    assert set(range(10)) | set(range(100, 105)) | set(range(110, 120)) <= reserved_seeds()
+    assert s.utility == {"classification": "val/accuracy", "detection": "val/map_50"}
+    assert s.fairness_metric == "val/fairness_score" and s.max_increase == 0.02
+    assert "algorithm.dp.target_epsilon" in s.fixed and "federation.rounds" in s.fixed
+    assert {"resfl", "fairfed", "puffle"} <= set(s.fairness_methods) and "fedavg" not in s.fairness_methods
+
+
+def test_every_preset_has_a_grid_of_the_budget_with_the_preset_first():
+    s = load_settings()
+    presets = algorithm_presets()
+    assert sorted(p.stem for p in (conf_dir() / "tune").glob("*.yaml")) == sorted(presets)
+    for method in presets:
+        grid = load_grid(method, s)
+        assert len(grid) == s.trials and grid[0] == (), method
+        assert len(set(grid)) == len(grid), method
+        assert (conf_dir() / "tune" / f"{method}.yaml").read_text().startswith("#"), f"{method}: no header comment"
+
+
+def test_every_grid_key_exists_and_every_scaled_value_resolves():
+    """One composition per method (adult): each key a trial sets is a key of that method's config."""
+    s = load_settings()
+    for method in algorithm_presets():
+        grid = load_grid(method, s)
+        settings = flatten(composed_settings([*common_overrides("adult", "iid", method)]))
+        for trial in grid:
+            for key in trial_keys(trial):
+                assert key in settings, f"conf/tune/{method}.yaml: {key} is no key of {method}'s config"
+            resolved = concrete(trial, settings)
+            assert not any(SCALE in o for o in resolved)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("trials:\n  - []\n  - [optim.lr=0.1]\n", r"2 trials, but the budget is 8"),
+    ("trials:\n" + "".join(f"  - [optim.lr={i}]\n" for i in range(8)), r"trials\[0\] must be \[\]"),
+    ("trials:\n  - []\n" + "".join(f"  - [algorithm.dp.target_epsilon={i}]\n" for i in range(7)),
+     "algorithm.dp.target_epsilon is fixed"),
+    ("trials:\n  - []\n" + "".join(f"  - [dataset.num_clients={i}]\n" for i in range(7)),
+     "dataset.num_clients is fixed"),
+    ("trials:\n  - []\n" + "".join(f"  - [algorithm=fedavg, optim.lr={i}]\n" for i in range(7)), "algorithm is fixed"),
+    ("trials:\n  - []\n" + "".join(f"  - [optim.lr*={i}]\n" for i in range(7)), "positive number or fraction"),
+    ("trials:\n  - []\n" + "".join(f"  - [optim.lr={i}, optim.lr*=2]\n" for i in range(7)), "set twice"),
+    ("trials:\n  - []\n" + "  - [optim.lr=1]\n" * 7, r"trials\[2\] repeats trials\[1\]"),
+    ("trials:\n  - []\n" + "".join(f"  - [justakey{i}]\n" for i in range(7)), "expected key=value"),
+    ("grid: {optim.lr: [1, 2]}\n", "one key, `trials`"),
+])
+def test_a_grid_that_breaks_the_budget_is_refused_naming_its_file(tmp_path: Path, content, match):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    with pytest.raises(TuneError, match=match) as err:
+        load_grid("m", load_settings(), path)
+    assert str(path) in str(err.value)
+
+
+def test_a_missing_grid_names_the_method(tmp_path: Path):
+    with pytest.raises(TuneError, match="no grid for nothere"):
+        load_grid("nothere", load_settings(), tmp_path / "nothere.yaml")
+
+
+def test_scaled_values_multiply_the_composed_value():
+    base = {"optim.lr": 0.01, "algorithm.dp.max_grad_norm": 1.0}
+    assert concrete(("optim.lr*=1/3", "algorithm.dp.max_grad_norm=0.1"), base) == \
+        ["optim.lr=0.00333333", "algorithm.dp.max_grad_norm=0.1"]
+    assert concrete(("optim.lr*=10",), base) == ["optim.lr=0.1"]
+    with pytest.raises(TuneError, match="not a number to scale"):
+        concrete(("optim.momentum*=2",), base)
