@@ -14,32 +14,25 @@ and Student-t interval over the seeds, beside z, q, steps, C, delta, spent epsil
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resfl dp-curve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="adult")
-    p.add_argument("--scenario", default="iid")
+    p = experiment_parser("resfl dp-curve", __doc__, dataset="adult")
     p.add_argument("--grid", type=Path, default=None, help="default conf/table/dp_curve.yaml")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default runs/dp-curve-<dataset>-<scenario>[-<dataset.* overrides>]")
-    p.add_argument("--results", type=Path, default=None, help="also write the markdown and figure into this folder")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    return p.parse_args(argv)
+    add_run_options(p, "default runs/dp-curve-<dataset>-<scenario>[-<dataset.* overrides>]",
+                    "also write the markdown and figure into this folder")
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     if args.seeds is not None and args.seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
     from resfl_lightning.analysis.dp_curve import CurveError, run_dp_curve

@@ -11,25 +11,20 @@ with the command, commit, date, machine and wall time."""
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resfl frontier", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="adult")
-    p.add_argument("--scenario", default="iid")
+    p = experiment_parser("resfl frontier", __doc__, dataset="adult")
     p.add_argument("--confirm", action="store_true", help="run the confirmation of OUT/selection.json")
     p.add_argument("--grid", type=Path, default=None, help="default conf/table/adversary_frontier.yaml")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default runs/frontier-<dataset>-<scenario>[-<dataset.* overrides>]")
-    p.add_argument("--results", type=Path, default=None, help="also write the markdown and figure into this folder")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    return p.parse_args(argv)
+    add_run_options(p, "default runs/frontier-<dataset>-<scenario>[-<dataset.* overrides>]",
+                    "also write the markdown and figure into this folder")
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from resfl_lightning.analysis.frontier import FrontierError, run_confirmation, run_frontier
 
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     command = shlex.join(["resfl", "frontier", *argv])
     try:
         if args.confirm:

@@ -10,24 +10,20 @@ with --results PATH also PATH (and the figure beside it) under a header giving t
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resfl robustness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="adult")
-    p.add_argument("--scenario", default="iid")
+    p = experiment_parser("resfl robustness", __doc__, dataset="adult")
     p.add_argument("--subset", default=None, help="a named subset of the grid (conf/table/robustness.yaml: subsets)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the grid's, 5)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
-    p.add_argument("--out", type=Path, default=None, help="default runs/robustness-<dataset>-<scenario>[-<subset>]")
-    p.add_argument("--results", type=Path, default=None, help="also write the table here with its provenance")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    return p.parse_args(argv)
+    add_run_options(p, "default runs/robustness-<dataset>-<scenario>[-<subset>]",
+                    "also write the table here with its provenance")
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

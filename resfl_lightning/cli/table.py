@@ -10,18 +10,15 @@ machine and wall time."""
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
-from pathlib import Path
+
+from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resfl table", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--scenario", default="iid")
+    p = experiment_parser("resfl table", __doc__, dataset="synthetic")
     p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: "
                    "all; fedavg, the baseline, is always added)")
     p.add_argument("--seeds", type=int, default=None,
@@ -30,15 +27,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seeds of the primary methods (the baseline and the primary method of "
                    "conf/table/statistics.yaml), >= --seeds (default: the config's, or --seeds when that is given)")
     p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                   help="runs trained at once, each one process (default: one per CPU core)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default runs/table-<dataset>-<scenario>[-<dataset.* overrides>]")
-    p.add_argument("--results", type=Path, default=None,
-                   help="also write table.md here with its provenance (command, commit, date, machine, wall time)")
     p.add_argument("--wandb", action="store_true", help="also log the table as a W&B Table (offline)")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    return p.parse_args(argv)
+    add_run_options(p, "default runs/table-<dataset>-<scenario>[-<dataset.* overrides>]",
+                    "also write table.md here with its provenance (command, commit, date, machine, wall time)")
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from resfl_lightning.analysis.table import TableError, make_table
 
-    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    methods = comma_list(args.methods)
     t0 = time.perf_counter()
     try:
         out = make_table(args.dataset, args.scenario, methods, args.seeds, args.robustness, args.jobs, args.out,

@@ -12,32 +12,26 @@ goes to OUT/tune.md and --results (default docs/results/tune-<dataset>-<scenario
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resfl tune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--scenario", default="iid")
+    p = experiment_parser("resfl tune", __doc__, dataset="synthetic")
     p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: all)")
     p.add_argument("--seeds", default=None,
                    help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 120,121,122)")
     p.add_argument("--trials", type=int, default=None,
                    help="the first K trials of every grid (default: all, the budget of conf/table/tune.yaml); every "
                    "method still gets the same number")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at once, one process each")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default runs/tune_<dataset>_<scenario>[-<dataset.* overrides>]")
-    p.add_argument("--results", type=Path, default=None,
-                   help="the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>].md)")
     p.add_argument("--tuned-dir", type=Path, default=None,
                    help="write the tuned files into DIR/<dataset>/<method>.yaml instead of conf/tuned/")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    return p.parse_args(argv)
+    add_run_options(p, "default runs/tune_<dataset>_<scenario>[-<dataset.* overrides>]",
+                    "the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>].md)")
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from resfl_lightning.analysis.tune import run_tune
     from resfl_lightning.analysis.tune_grid import TuneError
 
-    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    methods = comma_list(args.methods)
     try:
         seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",")]
     except ValueError:

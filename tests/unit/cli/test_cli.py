@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 EXPECTED = ("train", "table", "robustness", "frontier", "dp-curve", "tune", "compare", "report", "privacy", "bench",
             "export", "predict", "finetune", "ufm-valsize")
 # Modules of resfl_lightning/cli/ that are not subcommands themselves
-NOT_COMMANDS = ("__init__", "hydra_help", "bench_round_child")
+NOT_COMMANDS = ("__init__", "hydra_help", "bench_round_child", "experiment_args")  # helpers of the commands
 ENV = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
 
 
@@ -113,3 +113,16 @@ def test_train_on_two_processes_relaunches_resfl_train(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in (run_dir / "train_ddp_process_1.log").read_text()
     assert (run_dir / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["table", "robustness", "frontier", "tune", "dp_curve"])
+def test_experiment_commands_share_their_run_options(command):
+    """--dataset/--scenario/--jobs/--out/--results and the overrides parse alike everywhere; --jobs 0 is refused."""
+    import importlib
+
+    parse_args = importlib.import_module(f"resfl_lightning.cli.{command}").parse_args
+    args = parse_args(["--dataset", "adult", "--scenario", "group_skew", "--jobs", "3", "--out", "o", "a.b=1"])
+    assert (args.dataset, args.scenario, args.jobs, str(args.out), args.overrides) == ("adult", "group_skew", 3, "o",
+                                                                                       ["a.b=1"])
+    with pytest.raises(SystemExit, match="--jobs must be >= 1"):
+        parse_args(["--jobs", "0"])

@@ -1,0 +1,36 @@
+"""The options every experiment command (table, robustness, frontier, tune, dp-curve) shares: which data, how many
+runs at once, where runs and results go, and the Hydra overrides passed to every run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def experiment_parser(prog: str, doc: str | None, dataset: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default=dataset)
+    p.add_argument("--scenario", default="iid")
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser, out_help: str, results_help: str) -> None:
+    """--jobs, --out, --results and the trailing overrides (added last, after each command's own options)."""
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="runs trained at once, each one process (default: one per CPU core)")
+    p.add_argument("--out", type=Path, default=None, help=out_help)
+    p.add_argument("--results", type=Path, default=None, help=results_help)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed options, with the counts checked (exit with the option's name)."""
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    return args
+
+
+def comma_list(text: str | None) -> list[str] | None:
+    return None if text is None else [item.strip() for item in text.split(",")]
