@@ -50,6 +50,23 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
     return cfg if again is None else again
 
 
+def tuned_args_for_printing(args: list[str]) -> list[str]:
+    """`--cfg` prints the config without running the app: put the tuned file's overrides into the arguments, so the
+    printed config is the one a run would train with (other flags: unchanged)."""
+    if not any(a in ("--cfg", "-c") for a in args):
+        return args
+    from hydra import compose, initialize_config_dir
+
+    from resfl_lightning.config.tuned import with_tuned
+
+    overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        composed = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    choices = dict(composed.hydra.runtime.choices)
+    tuned_overrides, _, _ = with_tuned(overrides, choices)
+    return [a for a in args if a not in overrides] + tuned_overrides
+
+
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def app(cfg: DictConfig) -> None:
     from resfl_lightning.config import ConfigError
@@ -66,7 +83,7 @@ def app(cfg: DictConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the Hydra app on `argv` (default: the process's arguments); Hydra's flags (--help, --cfg, -m) work."""
     command_line = list(sys.argv)
-    args = command_line[1:] if argv is None else list(argv)
+    args = tuned_args_for_printing(command_line[1:] if argv is None else list(argv))
     _COMMAND_LINE[:] = command_line
     sys.argv = [command_line[0], *args]  # Hydra parses sys.argv[1:]
     try:

@@ -110,3 +110,22 @@ def test_the_train_app_recomposes_with_the_tuned_file(capsys):
     assert cfg is not plain and OmegaConf.select(cfg, "tuned_file") == ADULT_RESFL
     assert (cfg.algorithm.lambda_priv, cfg.algorithm.adversary_steps) == (0.3, 5)
     assert f"tuned: {ADULT_RESFL} applied (adversary=strong algorithm.lambda_priv=0.3)" in capsys.readouterr().out
+
+
+def test_cfg_job_prints_the_tuned_config():
+    """`resfl train --cfg job` prints without running the app: it must still show what a run would train with."""
+    import os
+    import subprocess
+    import sys
+
+    def printed(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "resfl_lightning.train", *args, "--cfg", "job"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "YOLO_OFFLINE": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    tuned = OmegaConf.create(printed("dataset=adult"))
+    assert tuned.tuned_file == ADULT_RESFL
+    assert (tuned.algorithm.lambda_priv, tuned.algorithm.adversary_steps) == (0.3, 5)
+    plain = OmegaConf.create(printed("dataset=adult", "use_tuned=false"))
+    assert plain.tuned_file is None and (plain.algorithm.lambda_priv, plain.algorithm.adversary_steps) == (0.1, 1)
