@@ -54,6 +54,10 @@ class Algorithm(Section):
                                       "2/(1+exp(-gamma p)) - 1 of the progress p", choices=GRL_SCHEDULES)
     adversary_dann_gamma: float = setting(10.0, "gamma of the dann GRL schedule", gt=0)
     adversary_reinit: bool = setting(False, "a fresh phi every client-round instead of the client's kept one")
+    adversary_roi_bins: int = setting(7, "detection: roi_align bins per side before phi's box mean (7: the exact "
+                                      "pooling; 1 with roi_samples k: one bin of k x k samples, cheaper)", ge=1)
+    adversary_roi_samples: int = setting(-1, "detection: roi_align samples per bin side (-1: adaptive, ceil(box / "
+                                         "bins) per box)", ge=-1)
     anneal_rounds: int = setting(10, "KL annealing min(1, t / anneal_rounds), t in rounds", ge=1)
     curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
@@ -85,6 +89,7 @@ class Algorithm(Section):
                                  steps=self.adversary_steps, hidden=self.adversary_hidden, depth=self.adversary_depth,
                                  warmup_rounds=self.adversary_warmup_rounds, schedule=self.adversary_schedule,
                                  dann_gamma=self.adversary_dann_gamma, reinit=self.adversary_reinit,
+                                 roi_bins=self.adversary_roi_bins, roi_samples=self.adversary_roi_samples,
                                  rounds=rounds)
 
     def swa_start_round(self, rounds: int) -> int | None:

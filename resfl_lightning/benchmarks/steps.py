@@ -13,7 +13,7 @@ from rich.table import Table
 
 import resfl_lightning.env  # noqa: F401
 from resfl_lightning.aggregation.streaming import StreamingWeightedSum
-from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.clients.base import AdversarySettings, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import detection_collate
 from resfl_lightning.data.synthetic import SyntheticSceneConfig, generate_scenes
@@ -24,6 +24,9 @@ VARIANTS = {
     "resfl (task+adv+unc)": LossWeights(),
     "resfl + curvfed (lambda_curv=0.1)": LossWeights(lambda_curv=0.1),
 }
+# RESFL with phi's box features from one roi_align bin of 2 x 2 samples instead of 7 x 7 adaptive bins (opt-in:
+# algorithm.adversary_roi_bins=1 algorithm.adversary_roi_samples=2; docs/performance.md)
+CHEAP_ROI = ("resfl, cheap ROI pooling (roi_bins=1, roi_samples=2)", AdversarySettings(roi_bins=1, roi_samples=2))
 
 
 def synthetic_batch(image_size: int, batch: int) -> dict:
@@ -39,9 +42,11 @@ def synthetic_batch(image_size: int, batch: int) -> dict:
     return detection_collate(items)
 
 
-def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int) -> list[float]:
+def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int,
+               adversary: AdversarySettings | None = None) -> list[float]:
     torch.manual_seed(0)
-    client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01))
+    client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01),
+                             adversary=adversary)
     return timed_steps(client, client.configure_optimizers(), batch, steps)
 
 
@@ -113,8 +118,10 @@ def step_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
     for col in ("variant", "median s/step", "ratio vs fedavg"):
         table.add_column(col, justify="right" if col != "variant" else "left")
     base = None
-    for name, weights in VARIANTS.items():
-        med = statistics.median(step_times(weights, scale, image_size, batch, steps))
+    rows = [(name, weights, None) for name, weights in VARIANTS.items()]
+    rows.append((CHEAP_ROI[0], VARIANTS["resfl (task+adv+unc)"], CHEAP_ROI[1]))
+    for name, weights, adversary in rows:
+        med = statistics.median(step_times(weights, scale, image_size, batch, steps, adversary))
         base = base or med
         table.add_row(name, f"{med:.3f}", f"{med / base:.2f}x")
     return table

@@ -50,11 +50,16 @@ class AdversarySettings:
     schedule: str = "constant"  # GRL coefficient over training: constant | dann (Ganin et al. 2016)
     dann_gamma: float = 10.0
     reinit: bool = False  # a fresh phi every client-round instead of the client's kept one
+    roi_bins: int = 7  # detection: roi_align output size before the box mean (losses/adversary.py)
+    roi_samples: int = -1  # detection: roi_align sampling ratio (-1: adaptive per box)
     rounds: int | None = None  # the run's horizon T: the dann schedule's progress is counted over it
 
     def __post_init__(self) -> None:
         if self.schedule not in GRL_SCHEDULES:
             raise ValueError(f"adversary schedule must be one of {GRL_SCHEDULES}, got {self.schedule!r}")
+        if self.roi_bins < 1 or self.roi_samples == 0 or self.roi_samples < -1:
+            raise ValueError(f"adversary ROI pooling: bins >= 1 and samples -1 or >= 1, got {self.roi_bins}, "
+                             f"{self.roi_samples}")
         if self.schedule == "dann" and (self.rounds is None or self.rounds < 1):
             raise ValueError(f"the dann GRL schedule needs the run's number of rounds (>= 1), got {self.rounds}")
 

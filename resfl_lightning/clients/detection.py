@@ -70,7 +70,9 @@ class DetectionClient(FederatedClient):
         image_hw = tuple(batch["img"].shape[2:])
         boxes = gt_boxes_xyxy(batch, image_hw)
         # batch_idx comes from detection_collate (0..B-1 by construction): no per-step host check of its range.
-        return roi_pool_features(feats, self._strides, boxes, batch["batch_idx"].long(), check_batch_idx=False)
+        a = self.adversary_settings
+        return roi_pool_features(feats, self._strides, boxes, batch["batch_idx"].long(), output_size=a.roi_bins,
+                                 sampling_ratio=a.roi_samples, check_batch_idx=False)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["img"])

@@ -80,8 +80,13 @@ def roi_pool_features(
     batch_idx: torch.Tensor,
     output_size: int = 7,
     check_batch_idx: bool = True,
+    sampling_ratio: int = -1,
 ) -> torch.Tensor:
     """ROIAlign each box at every level (scale 1/stride, aligned), global-average-pool, concat levels: (M, sum C_l).
+
+    The mean over output_size^2 bins of s x s samples each is the mean over (output_size s)^2 evenly spaced samples
+    of the box, so (output_size, s) = (1, 7k) equals (7, k); the default (7, -1: s = ceil(box side / 7) per box) is
+    the paper-faithful pooling, and (1, small s) a cheaper, coarser box mean (algorithm.adversary_roi_*).
 
     `check_batch_idx=False` skips the range check of batch_idx (a host read per call) where the caller built it
     (detection_collate numbers each batch's images 0..B-1)."""
@@ -105,7 +110,8 @@ def roi_pool_features(
             raise ValueError(f"roi_pool_features: level {level} stride must be > 0, got {stride}")
         rois = torch.cat([batch_idx.to(fmap.dtype)[:, None], boxes_xyxy_pixels.to(fmap.dtype)], dim=1).to(fmap.device)
         crops = roi_align(
-            fmap, rois, output_size=output_size, spatial_scale=1.0 / stride, sampling_ratio=-1, aligned=True
+            fmap, rois, output_size=output_size, spatial_scale=1.0 / stride, sampling_ratio=sampling_ratio,
+            aligned=True
         )
         pooled.append(crops.mean(dim=(2, 3)))
     return torch.cat(pooled, dim=1)
