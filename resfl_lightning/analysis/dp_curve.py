@@ -17,8 +17,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.run_settings import finished_run_mismatch
-from resfl_lightning.analysis.runner import is_finished, run_jobs
+from resfl_lightning.analysis.figures import save_figure
+from resfl_lightning.analysis.run_settings import stale_runs
+from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import default_out, table_preset
 from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
@@ -277,12 +278,7 @@ def plot_curve(grid: CurveGrid, rows: list[RowSummary], path: Path, title: str, 
     ax.minorticks_off()
     ax.set_xlabel("target ε per client (δ = 1e-6)")
     ax.set_ylabel(f"test {'mAP@50' if task == 'detection' else 'accuracy'} ↑")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, ax, title, path)
 
 
 def train(grid: CurveGrid, seeds: list[int], dataset: str, scenario: str, out: Path, overrides: list[str],
@@ -291,11 +287,7 @@ def train(grid: CurveGrid, seeds: list[int], dataset: str, scenario: str, out: P
     failures' messages."""
     jobs = {out / p.dir_name(s): run_overrides(grid, p, dataset, scenario, s, out / p.dir_name(s), overrides)
             for p in curve_points(grid) for s in seeds}
-    stale = []
-    for rd, ov in jobs.items():
-        diff = finished_run_mismatch(rd, ov) if is_finished(rd) else []
-        if diff:
-            stale.append(f"{rd}: " + "; ".join(diff[:4]) + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""))
+    stale = stale_runs(list(jobs.items()))
     if stale:
         raise CurveError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                          "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.figures import save_figure
 from resfl_lightning.analysis.frontier_rule import (
     PointSummary,
     Selection,
@@ -286,12 +287,7 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
         ax.scatter([u.mean], [a.mean], s=250, marker="*", facecolors="none", edgecolors="red", label="selected")
     ax.set_xlabel("utility (accuracy, or mAP@50 for detection) ↑")
     ax.set_ylabel("AIA balanced accuracy ↓")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, ax, title, path)
 
 
 def _header_tail(runs: int, total: float, out: Path, runs_dirs: list[Path]) -> str:

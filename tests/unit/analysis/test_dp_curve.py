@@ -136,7 +136,7 @@ def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
         return []
 
     monkeypatch.setattr(dp_curve, "run_jobs", fake_jobs)
-    monkeypatch.setattr(dp_curve, "finished_run_mismatch", lambda rd, ov: [])
+    monkeypatch.setattr(dp_curve, "stale_runs", lambda jobs: [])
     out, results = tmp_path / "out", tmp_path / "results"
     path = run_dp_curve("adult", "iid", ["dataset.root=/data/adult"], 1, out, results, grid_path,
                         command="resfl dp-curve --dataset adult dataset.root=/data/adult")
