@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
+
+TITLE_WIDTH = 80  # characters per title line at fontsize 9 on a 6.4-inch figure (a longer line ran off the edge)
 
 
 def save_figure(fig, ax, title: str, path: Path, dpi: int = 130) -> None:
     import matplotlib.pyplot as plt
 
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
