@@ -19,7 +19,7 @@ from resfl_lightning.privacy.dp import SIGNAL_KEY, ClientDPOptimizer, DPSettings
 from resfl_lightning.privacy.signal import median_noise_to_signal, noise_to_signal
 from resfl_lightning.types import ClientReport
 from tests.unit.clients.test_tabular_client import toy_data
-from tests.unit.privacy.test_dp_sgd import dp_tabular_client, per_example_grads
+from tests.unit.privacy.test_dp_sgd import clipped_step_setup, dp_tabular_client
 
 torch.set_num_threads(1)
 
@@ -39,19 +39,8 @@ def test_nsr_by_hand():
 def test_signal_is_the_norm_of_the_clipped_mean_of_independent_per_example_gradients():
     """One noisy step: the recorded ||g_c|| equals ||sum_i clip_C(g_i)|| / B with the g_i of a hook-free copy of the
     model, i.e. the signal before the noise; the step's noise does not enter it."""
-    from resfl_lightning.models.tabular import TabularNet
-    from resfl_lightning.privacy.dp import prepare_model
-    from tests.unit.clients.test_tabular_client import NUM_FEATURES
-
     clip = 0.05
-    client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=3.0, max_grad_norm=clip), lr=1.0)
-    reference = prepare_model(TabularNet(NUM_FEATURES, (16, 8)))
-    reference.load_state_dict(client.model.state_dict())
-    data = toy_data(batch_size=16)
-    optimizer = client.configure_optimizers()
-    client.dp.loader(data.train_loader(0, seed=0))
-    batch = next(iter(data.train_loader(0, seed=1)))
-    grads = per_example_grads(reference, batch["x"], batch["y"])
+    client, optimizer, batch, grads = clipped_step_setup(clip, noise_multiplier=3.0)
     assert max(float(g.norm()) for g in grads) > clip  # some are clipped
     clipped_sum = torch.stack([g * min(1.0, clip / (float(g.norm()) + 1e-6)) for g in grads]).sum(0)
     client.train()

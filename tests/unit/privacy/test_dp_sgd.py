@@ -131,18 +131,25 @@ def per_example_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) 
     return out
 
 
-def test_dp_step_is_the_mean_of_independently_clipped_per_example_gradients():
-    """With no noise and plain SGD at lr 1, the DP step equals -(sum_i clip_C(g_i)) / E[B], where g_i comes from a
-    separate hook-free model; every clipped g_i has norm <= C and some were clipped."""
-    clip = 0.05
-    client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=0.0, max_grad_norm=clip), lr=1.0)
+
+def clipped_step_setup(clip: float, noise_multiplier: float):
+    """A DP client (plain SGD at lr 1, clip C), its optimizer, one batch, and that batch's per-example gradients from
+    a separate hook-free copy of the model (the independent reference both DP-SGD step tests compare with)."""
+    client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=noise_multiplier, max_grad_norm=clip),
+                               lr=1.0)
     reference = prepare_model(TabularNet(NUM_FEATURES, (16, 8)))
     reference.load_state_dict(client.model.state_dict())
     data = toy_data(batch_size=16)
     optimizer = client.configure_optimizers()
     client.dp.loader(data.train_loader(0, seed=0))
     batch = next(iter(data.train_loader(0, seed=1)))
-    grads = per_example_grads(reference, batch["x"], batch["y"])
+    return client, optimizer, batch, per_example_grads(reference, batch["x"], batch["y"])
+
+def test_dp_step_is_the_mean_of_independently_clipped_per_example_gradients():
+    """With no noise and plain SGD at lr 1, the DP step equals -(sum_i clip_C(g_i)) / E[B], where g_i comes from a
+    separate hook-free model; every clipped g_i has norm <= C and some were clipped."""
+    clip = 0.05
+    client, optimizer, batch, grads = clipped_step_setup(clip, noise_multiplier=0.0)
     norms = torch.stack([g.norm() for g in grads])
     clipped = [g * min(1.0, clip / (float(g.norm()) + 1e-6)) for g in grads]
     assert (norms > clip).any()
