@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.figures import save_figure
+from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import default_out, table_preset
@@ -151,23 +152,17 @@ def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: st
             *overrides]
 
 
-def _finite(summary: dict, key: str) -> float | None:
-    v = summary.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) else None
-
-
 def run_values(run_dir: Path) -> dict | None:
     """A finished run's utility and accounting numbers (None: not finished). The spent epsilon of a run without
     noise (z = 0) is inf (summary.json holds null there)."""
-    if not (run_dir / "summary.json").is_file():
+    run = finished_run(run_dir)
+    if run is None:
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
-    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
-    out = {name: _finite(summary, key) for name, key in DP_KEYS.items()}
+    out = {name: run.value(key) for name, key in DP_KEYS.items()}
     if out["z"] == 0.0:
         out["epsilon_spent"] = math.inf
-    out["utility"] = _finite(summary, "test/map_50" if task == "detection" else "test/accuracy")
-    out["task"] = task
+    out["utility"] = run.utility
+    out["task"] = run.task
     return out
 
 

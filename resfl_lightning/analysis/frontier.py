@@ -10,7 +10,6 @@ the confirmation seeds, paired by seed; writes confirmation.md."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.figures import save_figure
+from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.frontier_rule import (
     PointSummary,
     Selection,
@@ -148,21 +148,15 @@ def train(grid: Grid, points: list[Point], seeds: list[int], dataset: str, scena
     return run_jobs(list(jobs.items()), workers)
 
 
-def _finite(summary: dict, key: str) -> float | None:
-    v = summary.get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
-
-
 def run_values(run_dir: Path) -> dict[str, float | None] | None:
     """The frontier's metrics of one finished run (None: it did not finish). Utility: accuracy for classification,
     mAP@50 for detection (the rule's metrics)."""
-    if not (run_dir / "summary.json").is_file():
+    run = finished_run(run_dir)
+    if run is None:
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
-    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
-    out = {key: _finite(summary, key) for key, _ in METRICS if key != UTILITY}
-    out[UTILITY] = _finite(summary, "test/map_50" if task == "detection" else "test/accuracy")
-    out["task"] = task
+    out = {key: run.value(key) for key, _ in METRICS if key != UTILITY}
+    out[UTILITY] = run.utility
+    out["task"] = run.task
     return out
 
 

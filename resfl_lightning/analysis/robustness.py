@@ -10,7 +10,6 @@ analysis/runner.py (resumable, a failed run never stops the others) and writes t
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.finished_run import finished_run, finite
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.attacks.byzantine import count_from_fraction
@@ -133,28 +133,24 @@ def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: i
 # ---- reading finished runs -------------------------------------------------------------------------------------
 
 
-def _finite(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
-
-
 def run_values(run_dir: Path) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
     rounds of a finished run; None where absent."""
-    if not (run_dir / "summary.json").is_file():
+    run = finished_run(run_dir)
+    if run is None:
         return {"utility": None, "eod": None, "weight_share": None}
-    summary = json.loads((run_dir / "summary.json").read_text())
-    utility = _finite(summary.get("test/map"))
+    utility = run.value("test/map")
     if utility is None:
-        utility = _finite(summary.get("test/accuracy"))
+        utility = run.value("test/accuracy")
     shares = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
             row = json.loads(line) if line.strip() else {}
-            share = _finite(row.get("attack/byzantine_weight_share"))
+            share = finite(row.get("attack/byzantine_weight_share"))
             if share is not None:
                 shares.append(share)
-    return {"utility": utility, "eod": _finite(summary.get("test/eod")),
+    return {"utility": utility, "eod": run.value("test/eod"),
             "weight_share": float(np.mean(shares)) if shares else None}
 
 

@@ -19,6 +19,7 @@ import csv
 import json
 import math
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -238,15 +239,34 @@ def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column])
     return ["", "Notes:", "", *lines] if lines else []
 
 
+def has_value(cell: Cell) -> bool:
+    return cell.interval.n > 0 or cell.greyed is not None or (cell.fate is not None and cell.fate.n > 0)
+
+
+def empty_columns(cells: dict[str, dict[str, Cell]], columns: list[Column]) -> dict[str, str]:
+    """header -> why: the columns no method has a value in (mAP@50 of a classification table, BA AD without
+    --robustness); table.md leaves them out and says so, table.csv keeps them with their reasons."""
+    empty = {}
+    for c in columns:
+        row = [by_key[c.key] for by_key in cells.values()]
+        if not any(has_value(cell) for cell in row):
+            reasons = Counter(cell.reason for cell in row if cell.reason)
+            empty[c.header] = reasons.most_common(1)[0][0] if reasons else "no value"
+    return empty
+
+
 def write_outputs(out: Path, cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, SeedRecord]],
                   header: str, columns: list[Column], settings: StatisticsSettings, claims: list[Claim]) -> None:
+    rows = [csv_row(method, c, row[c.key]) for method, row in cells.items() for c in columns]
+    empty = empty_columns(cells, columns)
+    columns = [c for c in columns if c.header not in empty]
     lines = [header, *legend_lines(cells, columns, settings),
+             *([f"Left out, no run of this table has a value: {'; '.join(f'{h} ({why})' for h, why in empty.items())}.",
+                ""] if empty else []),
              "| method | " + " | ".join(f"{c.header} {'↓' if c.lower_is_better else '↑'}" for c in columns) + " |",
              "| --- |" + " ---: |" * len(columns)]
-    rows = []
     for method, row in cells.items():
         lines.append(f"| {method} | " + " | ".join(cell_text(row[c.key], c) for c in columns) + " |")
-        rows += [csv_row(method, c, row[c.key]) for c in columns]
     lines += note_lines(records, columns)
     lines += difference_lines(cells, columns, settings)
     lines += power_lines(cells, columns, settings)

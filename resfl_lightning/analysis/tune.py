@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.columns import finite
+from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_settings import composed_settings, flatten, stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import algorithm_presets, default_out, table_preset
@@ -43,8 +42,8 @@ from resfl_lightning.analysis.tune_rule import (
     select_trial,
 )
 from resfl_lightning.config.errors import ConfigError
-from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, tuned_path, with_tuned
-from resfl_lightning.resources import PACKAGE_DIR, conf_dir
+from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
+from resfl_lightning.resources import conf_dir
 
 
 # --- the runs -------------------------------------------------------------------------------------------------------
@@ -90,27 +89,19 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
                 _, tuned, applied = with_tuned(user, {"dataset": dataset, "algorithm": m})
             except ConfigError as err:
                 raise TuneError(str(err)) from None
-            bases[m] = {"file": None if tuned is None else repo_relative(tuned.path), "overrides": applied}
+            bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}
     path.write_text(json.dumps(bases, indent=1))
     return bases
-
-
-def repo_relative(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(PACKAGE_DIR.parent))
-    except ValueError:
-        return str(path)
 
 
 def run_values(run_dir: Path, settings: TuneSettings) -> dict | None:
     """The rule's values of one finished run (None: it did not finish): validation utility, the fairness metric and
     (DP methods) the largest epsilon a client spent."""
-    if not (run_dir / "summary.json").is_file():
+    run = finished_run(run_dir)
+    if run is None:
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
-    task = str(OmegaConf.load(run_dir / "config.yaml").dataset.task)
-    return {"task": task, "utility": finite(summary.get(settings.utility[task])),
-            "fairness": finite(summary.get(settings.fairness_metric)), "epsilon": finite(summary.get("dp/epsilon_max"))}
+    return {"task": run.task, "utility": run.value(settings.utility[run.task]),
+            "fairness": run.value(settings.fairness_metric), "epsilon": run.value("dp/epsilon_max")}
 
 
 @dataclass
@@ -241,7 +232,7 @@ def plan_tuned_file(t: MethodTuning, dataset: str, target: Path, command: str, e
     note = (f"# `resfl tune` (conf/table/tune.yaml, grid conf/tune/{t.method}.yaml, seeds {seeds}): trial {i}"
             + (f" ({' '.join(t.trials[i])})" if t.trials[i] else " (the tuning base kept)") + ".")
     where = "merged into" if existing is not None else "written to"
-    t.outcome = f"Tuned file {where} {repo_relative(target)}: overrides {', '.join(merged['overrides'])}."
+    t.outcome = f"Tuned file {where} {recorded_path(target)}: overrides {', '.join(merged['overrides'])}."
     return tuned_text(merged, leading_comments(existing_path.read_text()) if existing_path else [], note)
 
 
@@ -331,7 +322,7 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     tasks = {v["task"] for t in tunings for runs in t.values.values() for v in runs.values() if v is not None}
     task = tasks.pop() if len(tasks) == 1 else "classification"
     tuned_root = tuned_dir or conf_dir() / "tuned"
-    evidence = repo_relative(results)
+    evidence = recorded_path(results)
     planned = {t.method: plan_tuned_file(t, dataset, tuned_root / dataset / f"{t.method}.yaml", command, evidence,
                                          seeds) for t in tunings}
     total = time.perf_counter() - t0

@@ -85,8 +85,16 @@ def with_tuned(user: Sequence[str], choices: Mapping[str, str | None], root: Pat
     applied = [o for o in tuned.overrides if override_key(o) not in own]
     if not applied:
         return list(user), None, []
-    relative = path.relative_to((root or conf_dir()).parent)  # conf/tuned/<dataset>/<algorithm>.yaml
-    return [*applied, *user, f"{RECORD}={relative}"], tuned, applied
+    return [*applied, *user, f"{RECORD}={recorded_path(path, root)}"], tuned, applied
+
+
+def recorded_path(path: Path, root: Path | None = None) -> str:
+    """A tuned file as runs and `resfl tune` record it: conf/tuned/<dataset>/<algorithm>.yaml, the same from a
+    checkout and from an installed wheel (whose conf/ lies inside the package)."""
+    try:
+        return str(Path(path).resolve().relative_to((root or conf_dir()).resolve().parent))
+    except ValueError:  # a file outside the configuration directory: its own path
+        return str(path)
 
 
 def recompose(user: Sequence[str], choices: Mapping[str, str | None], compose: Callable[[list[str]], object],

@@ -161,6 +161,25 @@ def test_runs_below_the_utility_floor_are_greyed_and_not_compared():
     assert cells["puffle"]["fate"].fate.n == 0  # FATE: no common seed where both learned
 
 
+def test_a_column_no_run_has_a_value_in_is_left_out_of_table_md_and_named(tmp_path: Path):
+    import csv
+
+    from resfl_lightning.analysis.table import write_outputs
+
+    # A classification table: no run has mAP@50; before, table.md carried an all-n/a mAP@50 column.
+    records = {m: {s: _record(utility=0.8 + 0.01 * s + d, score__fairness=0.5 - d) for s in range(3)}
+               for m, d in (("fedavg", 0.0), ("resfl", 0.01))}
+    cells = summarise(records, COLUMNS, SETTINGS)
+    write_outputs(tmp_path, cells, records, "# t", COLUMNS, SETTINGS, [])
+    md = (tmp_path / "table.md").read_text()
+    head = next(line for line in md.splitlines() if line.startswith("| method |"))
+    assert "mAP@50" not in head and "Fairness Score" in head and "utility" in head
+    assert "Left out, no run of this table has a value: mAP@50 (test/map_50 undefined)" in md
+    assert "| method − fedavg |" in md and "mAP@50 |" not in md.split("| method − fedavg |")[1].splitlines()[0]
+    rows = list(csv.DictReader((tmp_path / "table.csv").open()))
+    assert {r["metric"] for r in rows} >= {"test/map_50", "utility"}  # the csv keeps every column
+
+
 def test_holm_over_the_primary_family_and_bh_over_the_rest_decide_bold():
     from resfl_lightning.analysis.table import cell_text
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_settings import composed_settings
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.tuned import load_tuned, with_tuned
+from resfl_lightning.config.tuned import load_tuned, recorded_path, with_tuned
 from resfl_lightning.resources import conf_dir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,6 +64,16 @@ def test_with_tuned_puts_the_file_first_and_records_it(tmp_path):
         with_tuned(["use_tuned=maybe"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)
     with pytest.raises(ConfigError, match="tuned_file: records"):
         with_tuned(["tuned_file=x"], {"dataset": "d", "algorithm": "m"}, root=tmp_path)
+
+
+def test_the_recorded_path_is_the_same_from_a_checkout_and_from_an_installed_package(tmp_path):
+    # A checkout keeps conf/ beside the package, a wheel inside it; runs and `resfl tune` record conf/... in both
+    # (tune once recorded resfl_lightning/conf/... from a wheel, so its bases never matched the runs' record).
+    for conf in (tmp_path / "repo" / "conf", tmp_path / "site" / "resfl_lightning" / "conf"):
+        path = conf / "tuned" / "adult" / "resfl.yaml"
+        assert recorded_path(path, root=conf) == "conf/tuned/adult/resfl.yaml"
+    assert recorded_path(REPO / ADULT_RESFL) == ADULT_RESFL
+    assert recorded_path(tmp_path / "elsewhere.yaml") == str(tmp_path / "elsewhere.yaml")
 
 
 @pytest.mark.parametrize("content, match", [
