@@ -10,14 +10,15 @@ from resfl_lightning.metrics.mechanism import ufm_fairness_correlation
 
 
 def dp_run_metrics(latest: dict[int, dict[str, float]]) -> dict[str, float]:
-    """The run's DP-SGD numbers from each client's latest statistics: steps S_k = the most any client took, every
-    other number (z, q, B, C, epsilon target, delta, NSR) the median over the clients (equal for IID equal-size
+    """The run's DP-SGD numbers from each client's latest statistics: steps S_k = the most any client took, PUFFLE's
+    spent epsilon parts (epsilon_sgd, epsilon_stat, epsilon_lambda) and lambda updates the most of any client,
+    every other number (z, q, B, C, epsilon target, delta, NSR) the median over the clients (equal for IID equal-size
     clients; the NSR is each client's median over its steps)."""
     keys = sorted({k for stats in latest.values() for k in stats})
     out: dict[str, float] = {}
     for key in keys:
         values = np.asarray([stats[key] for stats in latest.values() if key in stats], dtype=np.float64)
-        reduce = np.max if key == "steps" else np.median
+        reduce = np.max if key in ("steps", "lambda_updates") or key.startswith("epsilon_") else np.median
         out[f"dp/{key}"] = float(reduce(values))  # NaN (a fixed z has no epsilon target) stays NaN
     return out
 

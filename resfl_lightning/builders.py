@@ -71,9 +71,14 @@ def _task_client(cfg: DictConfig, algorithm: Algorithm, data):
                                adversary=algorithm.adversary(cfg.federation.rounds))
     from resfl_lightning.clients.tabular import TabularClient
 
+    row_weights = None
+    if algorithm.local_reweighting:  # a detection dataset was refused by the config rules
+        from resfl_lightning.data.reweighing import split_row_weights
+
+        row_weights = split_row_weights(data.groups, data.y, [c.train for c in data.splits.clients])
     return TabularClient(data.num_features, num_groups, algorithm.loss_weights(), ufm_settings(cfg),
                          optim_settings(cfg), hidden=tuple(cfg.model.hidden), num_classes=num_classes,
-                         adversary=algorithm.adversary(cfg.federation.rounds))
+                         adversary=algorithm.adversary(cfg.federation.rounds), row_weights=row_weights)
 
 
 def build_logger(cfg: DictConfig, run_dir: Path, composed: DictConfig):

@@ -42,6 +42,9 @@ class Algorithm(Section):
     lambda_parity: float = setting(0.0, "PUFFLE's lambda: (1 - lambda) L_task + lambda x the demographic-parity gap "
                                    "of the predictions (0: off; the paper tunes it in [0.05, 0.9], docs/method.md "
                                    "§5a)", ge=0, lt=1)
+    local_reweighting: bool = setting(False, "classification: weight each client's task loss by Kamiran-Calders "
+                                      "P(a)P(y)/P(a,y) from its training split (FairFed's optional local "
+                                      "debiasing, docs/method.md §5a)")
     # phi's strength (conf/adversary/ presets; docs/method.md §2 gives each key's reason)
     adversary_hidden: int = setting(128, "hidden width of the adversary phi", ge=1)
     adversary_depth: int = setting(1, "hidden layers of phi (1: the paper's two-layer MLP; 0: a linear probe)", ge=0)

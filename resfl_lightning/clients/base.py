@@ -14,6 +14,7 @@ from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
 from resfl_lightning.losses.grl import GRL_SCHEDULES, dann_coefficient
+from resfl_lightning.losses.parity import parity_gap
 from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
 
 
@@ -129,6 +130,8 @@ class FederatedClient(L.LightningModule):
         self.dp = None
         self.upload_transform = None
         self.report_statistics = None
+        self.parity_lambda = None  # PUFFLE's tunable lambda (clients/parity_lambda.py); None: fixed lambda_parity
+        self._step_gap: torch.Tensor | None = None  # the step's parity gap, for the tunable lambda's update
 
     @property
     def reversal_scale(self) -> float:
@@ -218,6 +221,8 @@ class FederatedClient(L.LightningModule):
         state["ufm.ema"] = torch.tensor(self._ufm_ema, dtype=torch.float64)
         if self.dp is not None:
             state.update(self.dp.export_state())  # the accountant's history: resume continues the accounting
+        if self.parity_lambda is not None:
+            state.update(self.parity_lambda.export_state())
         return state
 
     @torch.no_grad()
@@ -227,6 +232,8 @@ class FederatedClient(L.LightningModule):
         self.curvature.reseed(seed)
         if self.dp is not None:
             self.dp.import_state(state)
+        if self.parity_lambda is not None:
+            self.parity_lambda.import_state(state)
         self._local_seed = seed
         if state is None:
             self._reset_local_modules(seed)
@@ -263,6 +270,52 @@ class FederatedClient(L.LightningModule):
         self._batch_checks = {}
         if self.upload_transform is not None:
             self.upload_transform.begin(self)
+
+    # --- PUFFLE's tunable lambda (clients/parity_lambda.py) ------------------------------------------
+    @property
+    def uses_parity(self) -> bool:
+        """The step computes PUFFLE's gap: a fixed lambda > 0, or the tunable lambda (its update needs the gap)."""
+        return self.weights.lambda_parity > 0 or self.parity_lambda is not None
+
+    def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-unit parity mass, unit groups) of one batch (losses/parity.py), for the training split's gap."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def dataset_parity_gap(self, loader) -> float:
+        """PUFFLE's D_train: the gap of this (received) model over every unit of a loader, in eval mode."""
+        was_training = self.training
+        self.eval()
+        masses, groups = [], []
+        for batch in loader:
+            mass, g = self.parity_mass(self.place(batch))
+            masses.append(mass.float())
+            groups.append(g.reshape(-1))
+        self.train(was_training)
+        if not masses:
+            return 0.0
+        return float(parity_gap(torch.cat(masses), torch.cat(groups)))
+
+    def start_local_training(self, loader_for_epoch) -> None:
+        """Before the round's first step: the tunable lambda's round-start value from D_train (0 in the client's
+        first round) and its noise generator, drawn from (the client's first seed, round) alone."""
+        tunable = self.parity_lambda
+        if tunable is None:
+            return
+        d_train = None if tunable.first_round else self.dataset_parity_gap(loader_for_epoch(0))
+        seed = np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, 5]).generate_state(1)[0]
+        tunable.begin_round(d_train, self.round_idx, int(seed))
+        self._step_gap = None
+
+    def end_step(self) -> None:
+        """After an optimizer step: the tunable lambda's update from the step's gap, noised for epsilon_lambda."""
+        if self.parity_lambda is None or self._step_gap is None:
+            return
+        sigma = self.dp.lambda_sigma if self.dp is not None else None
+        self.parity_lambda.step(self._step_gap, sigma)
+        if sigma is not None:
+            self.dp.account_lambda()
+        self._step_gap = None
 
     def before_upload(self, val_loader) -> None:
         """After local training, before the update is taken (PrivFairFL-Pre perturbs and calibrates here)."""
@@ -359,14 +412,20 @@ class FederatedClient(L.LightningModule):
         -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (docs/method.md §2)."""
         w = self.weights
         unc = group_balanced_mean(unc_values, unc_groups) if unc_values.numel() else task * 0.0
+        lam = w.lambda_parity
+        if parity is not None and self.parity_lambda is not None:  # tunable: this step's lambda; the gap updates it
+            lam = self.parity_lambda.weight(task)
+            self._step_gap = parity.detach()
         if parity is None:
             loss = w.lambda_task * task + adv + w.lambda_fair * unc
         else:
-            loss = (1.0 - w.lambda_parity) * w.lambda_task * task + adv + w.lambda_fair * unc
+            loss = (1.0 - lam) * w.lambda_task * task + adv + w.lambda_fair * unc
         record = {**parts, "task": task.detach(), "adv": adv.detach(), "unc": unc.detach()}
         if parity is not None:
-            loss = loss + w.lambda_parity * parity
+            loss = loss + lam * parity
             record["parity"] = parity.detach()
+            if self.parity_lambda is not None:
+                record["lambda_parity"] = lam.detach()
         if fair is not None:
             loss = loss + w.w_fair * fair
             record["fair"] = fair.detach()

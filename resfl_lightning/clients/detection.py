@@ -19,7 +19,7 @@ from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.losses.adversary import Adversary, roi_pool_features
 from resfl_lightning.losses.detection import EvidentialDetectionLoss
 from resfl_lightning.losses.fairness import group_mean_distance
-from resfl_lightning.losses.parity import detection_parity_gap, person_scores
+from resfl_lightning.losses.parity import detection_mass, detection_parity_gap, person_scores
 from resfl_lightning.losses.per_image import per_image_detection_loss
 from resfl_lightning.metrics.detection import detection_map
 from resfl_lightning.metrics.fairness import detection_fairness, group_counts
@@ -90,7 +90,7 @@ class DetectionClient(FederatedClient):
         fair = None
         if w.w_fair > 0:  # L_fair on the ROI-pooled person features the adversary uses
             fair = group_mean_distance(h, batch["groups"]) if h is not None else res.task * 0.0
-        parity = self.parity_gap(out, batch) if w.lambda_parity > 0 else None
+        parity = self.parity_gap(out, batch) if self.uses_parity else None
         unc_values = self.kl_coefficient() * res.fg_unc + res.fg_nig_reg
         fisher = res.per_image_cls[self.correct_images(out, batch)] if w.lambda_curv > 0 else None
         return self.compose_loss(res.task, adv, unc_values, res.fg_groups, fisher, res.parts, fair=fair,
@@ -100,13 +100,19 @@ class DetectionClient(FederatedClient):
         """PUFFLE's gap for detection (docs/method.md §5a, our reading): per ground-truth person the best score of
         its class among the predictions overlapping it at IoU >= ufm.iou_threshold (0 if none), counted as
         detected at score >= ufm.score_threshold; the gap over groups of the detected mass."""
+        return detection_parity_gap(self._person_scores(out, batch), batch["groups"], self.ufm.score_threshold)
+
+    def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(batch["img"])
+        return detection_mass(self._person_scores(out, batch), self.ufm.score_threshold), batch["groups"]
+
+    def _person_scores(self, out: dict, batch: dict) -> torch.Tensor:
         dec = self.model.decode(out)
         alpha = dec["alpha"]
         probs = alpha[..., : self.model.num_classes] / alpha.sum(-1, keepdim=True)
         gt = gt_boxes_xyxy(batch, tuple(batch["img"].shape[2:]))
-        scores = person_scores(dec["boxes"].detach(), probs, gt, batch["batch_idx"], batch["cls"].reshape(-1),
-                               self.ufm.iou_threshold)
-        return detection_parity_gap(scores, batch["groups"], self.ufm.score_threshold)
+        return person_scores(dec["boxes"].detach(), probs, gt, batch["batch_idx"], batch["cls"].reshape(-1),
+                             self.ufm.iou_threshold)
 
     def correct_images(self, out: dict, batch: dict) -> torch.Tensor:
         """CurvFed's Fisher samples of this step's forward pass: images whose persons are all detected."""

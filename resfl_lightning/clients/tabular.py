@@ -25,7 +25,7 @@ from resfl_lightning.clients.cohorts import effective_mode
 from resfl_lightning.losses.adversary import Adversary
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
 from resfl_lightning.losses.fairness import group_mean_distance
-from resfl_lightning.losses.parity import prediction_parity_gap
+from resfl_lightning.losses.parity import prediction_mass, prediction_parity_gap
 from resfl_lightning.metrics.fairness import classification_fairness
 from resfl_lightning.metrics.ufm import (
     UFMResult,
@@ -71,9 +71,12 @@ class TabularPredictions:
 class TabularClient(FederatedClient):
     def __init__(self, num_features: int, num_groups: int, weights: LossWeights, ufm: UfmSettings,
                  optim: OptimSettings, hidden: Sequence[int] = (256, 128, 64), num_classes: int = 2,
-                 adversary: AdversarySettings | None = None):
+                 adversary: AdversarySettings | None = None, row_weights: torch.Tensor | None = None):
         super().__init__(weights, ufm, optim, adversary)
         self.num_groups, self.num_classes = num_groups, num_classes
+        # Kamiran-Calders weight of every row (data/reweighing.py), looked up by the batch's `index`; None: off.
+        # A plain attribute, not a buffer: it stays out of the state dict and the checkpoint.
+        self.row_weights = row_weights
         self.model = TabularNet(num_features, hidden, num_classes)
         self.adversary = Adversary(self.model.feature_dim, num_groups, hidden=self.adversary_settings.hidden,
                                    grl_scale=self.reversal_scale, depth=self.adversary_settings.depth)
@@ -111,16 +114,23 @@ class TabularClient(FederatedClient):
         y, groups = self._checked_labels(batch["y"], batch_idx), batch["groups"]
         onehot = F.one_hot(y, self.num_classes).to(out.alpha.dtype)
         nll = dirichlet_nll(out.alpha, onehot)
-        task = nll.mean()
+        task = nll.mean() if self.row_weights is None else (self._sample_weights(batch["index"], nll) * nll).mean()
         adv = self.adversary_loss(out.features, groups, batch_idx) if self.weights.lambda_priv > 0 else task * 0.0
         kl = dirichlet_kl_uniform(out.alpha, onehot)
         correct = out.alpha.argmax(dim=-1) == y
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
         fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
-        parity = prediction_parity_gap(out.logits, groups) if self.weights.lambda_parity > 0 else None
+        parity = prediction_parity_gap(out.logits, groups) if self.uses_parity else None
         return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair,
                                  parity=parity)
+
+    def _sample_weights(self, index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """The batch rows' reweighing weights; a plain mean of w_i l_i (Σ w = n over the training split keeps the
+        loss scale), so opacus' per-example gradients are w_i times the unweighted ones."""
+        if self.row_weights.device != index.device:
+            self.row_weights = self.row_weights.to(index.device)
+        return self.row_weights[index].to(like.dtype)
 
     @torch.no_grad()
     def collect(self, loader) -> TabularPredictions:
@@ -211,6 +221,9 @@ class TabularClient(FederatedClient):
 
     def bn_forward(self, batch: dict) -> None:
         self.model(self.place(batch)["x"])
+
+    def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return prediction_mass(self.model(batch["x"]).logits), batch["groups"]
 
     def per_sample_losses(self, batch: dict) -> torch.Tensor:
         """Per-row Dirichlet NLL."""

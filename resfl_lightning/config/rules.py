@@ -63,6 +63,27 @@ def dp_budget(dp: Any) -> None:
               f"(got {dp.target_epsilon} and {dp.noise_multiplier})")
 
 
+def dp_epsilon_split(dp: Any) -> None:
+    """PUFFLE's epsilon_SGD + epsilon_stat + epsilon_lambda (privacy/budget.py): shares of target_epsilon."""
+    s = dp.epsilon_split
+    if s is None:
+        return
+    if dp.target_epsilon is None:
+        _fail("algorithm.dp.epsilon_split", "needs algorithm.dp.target_epsilon (a fixed noise_multiplier has no "
+              "epsilon to split)")
+    if len(s) != 3 or s[0] <= 0 or abs(sum(s) - 1.0) > 1e-9:
+        _fail("algorithm.dp.epsilon_split", f"must be three shares [sgd, stat, lambda] >= 0 summing to 1 with "
+              f"sgd > 0, got {list(s)}")
+
+
+def tunable_lambda_budget(a: Any) -> None:
+    """PUFFLE: under DP the tunable lambda's batch gap is released every step; it needs its own epsilon share."""
+    split = a.dp.epsilon_split
+    if a.lambda_mode == "tunable" and a.dp.enabled and (split is None or not split[2] > 0):
+        _fail("algorithm.dp.epsilon_split", "lambda_mode=tunable under DP needs an epsilon_lambda share > 0 (the "
+              f"paper's 4 + 0.5 + 0.5: [0.8, 0.1, 0.1]), got {None if split is None else list(split)}")
+
+
 def temperature_grid_nonempty(section: Any) -> None:
     if len(section.temperatures) == 0:
         _fail(f"{section.section}.temperatures", "must list at least one temperature")
@@ -147,6 +168,12 @@ def quality_skew_needs_detection(run: Any) -> None:
               f"is a {run.dataset.task} task")
 
 
+def local_reweighting_needs_classification(run: Any) -> None:
+    if run.algorithm.local_reweighting and run.dataset.task != "classification":
+        _fail("algorithm.local_reweighting", f"Kamiran-Calders weights P(a)P(y)/P(a,y) need a label y per sample; "
+              f"dataset {run.dataset.name!r} is a {run.dataset.task} task, where every unit is a positive person")
+
+
 def swa_export_needs_swa(run: Any) -> None:
     exported = run.export.enabled and run.dataset.task == "detection"
     if exported and run.export.weights == "swa" and run.algorithm.swa_start is None:
@@ -156,4 +183,4 @@ def swa_export_needs_swa(run: Any) -> None:
 RUN_RULES = (processes_within_clients, quorum_within_sample, fault_specs, proxy_cohorts_need_detection,
              per_sample_clipping_excludes_sam, per_sample_clipping_excludes_curvature,
              per_sample_clipping_excludes_fp16, weather_needs_detection, quality_skew_needs_detection,
-             swa_export_needs_swa)
+             local_reweighting_needs_classification, swa_export_needs_swa)

@@ -80,6 +80,7 @@ def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: I
             norms.append(loss.new_tensor(float("nan")))
         for opt in optimizers:
             opt.step()
+        client.end_step()  # PUFFLE's tunable lambda follows the step's gap (a no-op otherwise)
         client.extra_adversary_steps([getattr(o, "optimizer", o) for o in local_optimizers])
     raise_failed_checks(client, bad, name)
     return torch.stack(norms).tolist() if norms else []
@@ -112,6 +113,7 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
     """SGD (or SAM) over `epochs` passes of loader_for_epoch(epoch); returns the number of optimizer steps.
 
     `epoch_end(epoch)` runs after each epoch (CurvFed's per-epoch evaluation and best-epoch selection)."""
+    client.start_local_training(loader_for_epoch)  # PUFFLE's round-start lambda (a no-op otherwise)
     client.train()
     optimizer = client.configure_optimizers()
     for group in optimizer.param_groups:

@@ -35,11 +35,16 @@ def parity_gap(mass: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return torch.stack(gaps).max()
 
 
-def prediction_parity_gap(logits: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+def prediction_mass(logits: torch.Tensor) -> torch.Tensor:
     """Classification: p = softmax(logits); the mass of row i is p_ik at its predicted class k, 0 elsewhere."""
     p = logits.softmax(dim=-1)
     predicted = F.one_hot(p.argmax(dim=-1), p.shape[-1]).to(p.dtype)
-    return parity_gap(p * predicted, groups)
+    return p * predicted
+
+
+def prediction_parity_gap(logits: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Classification: the gap of `prediction_mass`."""
+    return parity_gap(prediction_mass(logits), groups)
 
 
 def person_scores(boxes: torch.Tensor, probs: torch.Tensor, gt_boxes: torch.Tensor, gt_image: torch.Tensor,
@@ -63,5 +68,9 @@ def person_scores(boxes: torch.Tensor, probs: torch.Tensor, gt_boxes: torch.Tens
 def detection_parity_gap(scores: torch.Tensor, groups: torch.Tensor, score_threshold: float) -> torch.Tensor:
     """Detection: max over groups g of |P~(det|g) - P~(det|not g)| with the mass p [p >= score_threshold] of each
     person (an equal-opportunity gap, since every unit is a positive)."""
-    mass = torch.where(scores >= score_threshold, scores, torch.zeros_like(scores))
-    return parity_gap(mass.unsqueeze(1), groups)
+    return parity_gap(detection_mass(scores, score_threshold), groups)
+
+
+def detection_mass(scores: torch.Tensor, score_threshold: float) -> torch.Tensor:
+    """Detection: the (P, 1) mass p [p >= score_threshold] of each person."""
+    return torch.where(scores >= score_threshold, scores, torch.zeros_like(scores)).unsqueeze(1)

@@ -28,6 +28,7 @@ from torch import nn
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
+from resfl_lightning.privacy.budget import budget_parts
 from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
 from resfl_lightning.privacy.signal import median_noise_to_signal
 
@@ -36,6 +37,7 @@ ACCOUNTANTS = ("prv", "rdp", "gdp")
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
 SIGNAL_KEY = "dp.signal"  # client-local state: ||g_c|| of every DP-SGD step so far (the NSR's signal)
+LAMBDA_HISTORY_KEY = "dp.lambda_history"  # client-local state: the epsilon_lambda accountant's rows (PUFFLE)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -46,13 +48,15 @@ class DPConfig(Section):
     clipping only, as PFU-FL) is set."""
 
     section = "algorithm.dp"
-    checks = (rules.dp_budget,)
+    checks = (rules.dp_budget, rules.dp_epsilon_split)
 
     max_grad_norm: float = setting(1.0, "per-example clip C", gt=0)
     target_epsilon: float | None = setting(1.0, "run-level epsilon per client (null: noise_multiplier given)", gt=0)
     target_delta: float = setting(1e-6, "run-level delta per client", gt=0, lt=1)
     noise_multiplier: float | None = setting(None, "fixed z instead of a target epsilon (0: clipping only)", ge=0)
     accountant: str = setting("prv", "opacus accountant", choices=ACCOUNTANTS)
+    epsilon_split: list[float] | None = setting(None, "PUFFLE: shares [sgd, stat, lambda] of target_epsilon, each "
+                                                "part with target_delta / 3 (null: all to DP-SGD)", ge=0)
     groupnorm_groups: str = setting("min32_c4", "groups of the GroupNorm replacing a BatchNorm2d: min32_c4 = the "
                                     "largest divisor of C <= min(32, C // 4); opacus = gcd(32, C)",
                                     choices=GROUPNORM_RULES)
@@ -103,11 +107,30 @@ def _spent_epsilon(accountant: str, history: tuple[tuple[float, float, int], ...
 
 
 def noise_multiplier_for(settings: DPSettings, q: float) -> float:
-    """sigma reaching the run-level (target_epsilon, target_delta) after every planned step (opacus' search)."""
+    """sigma reaching the run-level (target_epsilon, target_delta) after every planned step (opacus' search); with
+    an epsilon split, DP-SGD's part (epsilon_SGD, delta / 3) only."""
     if settings.noise_multiplier is not None:
         return float(settings.noise_multiplier)
-    return _sigma_for(settings.target_epsilon, settings.target_delta, q, planned_steps(settings, q),
-                      settings.accountant)
+    sgd = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split)["sgd"]
+    return _sigma_for(sgd.epsilon, sgd.delta, q, planned_steps(settings, q), settings.accountant)
+
+
+def lambda_noise_for(settings: DPSettings, q: float) -> float | None:
+    """sigma_lambda of PUFFLE's noisy batch gap: (epsilon_lambda, delta / 3) over one release per planned DP-SGD step
+    at the same sample rate, as the paper's code accounts it; None without an epsilon_lambda share."""
+    part = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split).get("lambda")
+    if part is None or not part.epsilon:
+        return None
+    return _sigma_for(part.epsilon, part.delta, q, planned_steps(settings, q), settings.accountant)
+
+
+def history_epsilon(accountant: str, history, delta: float) -> float:
+    """Spent epsilon of an accountant history at delta: 0 before any step, inf when steps ran without noise."""
+    if not history:
+        return 0.0
+    if any(s == 0 for s, _, _ in history):
+        return math.inf
+    return _spent_epsilon(accountant, tuple((float(s), float(q), int(n)) for s, q, n in history), delta)
 
 
 def prepare_model(model: nn.Module, groupnorm_groups: str = "min32_c4") -> nn.Module:
@@ -204,23 +227,34 @@ class ClientDP:
         self.q: float | None = None
         self.sigma: float | None = None
         self.signal: list[float] = []  # ||g_c|| of the client's earlier rounds' steps (client-local state)
+        self.parts = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split)
+        self.lambda_accountant = create_accountant(settings.accountant)  # PUFFLE's noisy lambda updates
+        self.lambda_sigma: float | None = None
 
     # --- client-local state ------------------------------------------------------------------------
     def export_state(self) -> dict[str, torch.Tensor]:
         rows = [list(map(float, row)) for row in self.accountant.history]
-        return {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3),
-                SIGNAL_KEY: torch.tensor(self.signal_history(), dtype=torch.float64)}
+        state = {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3),
+                 SIGNAL_KEY: torch.tensor(self.signal_history(), dtype=torch.float64)}
+        if self.lambda_accountant.history:
+            rows = [list(map(float, row)) for row in self.lambda_accountant.history]
+            state[LAMBDA_HISTORY_KEY] = torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+        return state
 
     def import_state(self, state: dict[str, torch.Tensor] | None) -> None:
         """A client's own accountant history and signal norms (None: a client that has not trained yet)."""
         self.accountant = create_accountant(self.settings.accountant)
-        self.signal, self.sigma, self.q = [], None, None
+        self.lambda_accountant = create_accountant(self.settings.accountant)
+        self.signal, self.sigma, self.q, self.lambda_sigma = [], None, None, None
         if self.optimizer is not None:
             self.optimizer.signal_norms = []
         if state is not None and HISTORY_KEY in state:
             self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state[HISTORY_KEY].tolist()]
         if state is not None and SIGNAL_KEY in state:
             self.signal = [float(v) for v in state[SIGNAL_KEY].tolist()]
+        if state is not None and LAMBDA_HISTORY_KEY in state:
+            self.lambda_accountant.history = [(float(s), float(q), int(n))
+                                              for s, q, n in state[LAMBDA_HISTORY_KEY].tolist()]
 
     def signal_history(self) -> list[float]:
         """||g_c|| of every DP-SGD step this client took over the run (noise-only steps of empty draws excluded)."""
@@ -237,21 +271,34 @@ class ClientDP:
             return {}
         s, b = self.settings, self.optimizer.expected_batch_size
         target = s.target_epsilon if s.noise_multiplier is None else None
-        return {"noise_multiplier": self.sigma, "sample_rate": self.q,
-                "steps": float(sum(int(n) for _, _, n in self.accountant.history)), "expected_batch_size": float(b),
-                "max_grad_norm": s.max_grad_norm, "target_epsilon": math.nan if target is None else float(target),
-                "delta": s.target_delta,
-                "nsr": median_noise_to_signal(self.sigma, s.max_grad_norm, b, self.signal_history())}
+        out = {"noise_multiplier": self.sigma, "sample_rate": self.q,
+               "steps": float(sum(int(n) for _, _, n in self.accountant.history)), "expected_batch_size": float(b),
+               "max_grad_norm": s.max_grad_norm, "target_epsilon": math.nan if target is None else float(target),
+               "delta": s.target_delta,
+               "nsr": median_noise_to_signal(self.sigma, s.max_grad_norm, b, self.signal_history())}
+        if s.epsilon_split is not None:  # PUFFLE's three parts: targets and what each has spent
+            spent = self.part_epsilons()
+            for name, part in self.parts.items():
+                out[f"epsilon_{name}"] = spent[name]
+                out[f"target_epsilon_{name}"] = float(part.epsilon)
+            out["noise_multiplier_lambda"] = math.nan if self.lambda_sigma is None else self.lambda_sigma
+            out["lambda_updates"] = float(sum(int(n) for _, _, n in self.lambda_accountant.history))
+        return out
+
+    def part_epsilons(self) -> dict[str, float]:
+        """Spent epsilon per budget part, each at its own delta. epsilon_stat is 0: no group statistics are shared
+        (the missing-group fallback is not implemented, docs/method.md §5a)."""
+        acc = self.settings.accountant
+        return {"sgd": history_epsilon(acc, self.accountant.history, self.parts["sgd"].delta),
+                "stat": 0.0,
+                "lambda": history_epsilon(acc, self.lambda_accountant.history, self.parts["lambda"].delta)}
 
     def epsilon(self) -> float:
-        """Spent epsilon at target_delta: 0 before any step, inf when steps ran without noise."""
-        history = self.accountant.history
-        if not history:
-            return 0.0
-        if any(s == 0 for s, _, _ in history):
-            return math.inf
-        return _spent_epsilon(self.settings.accountant, tuple((float(s), float(q), int(n)) for s, q, n in history),
-                              self.settings.target_delta)
+        """Spent epsilon: DP-SGD's at target_delta (0 before any step, inf when steps ran without noise), or with an
+        epsilon split the sum of the parts (each at delta / 3)."""
+        if self.settings.epsilon_split is not None:
+            return sum(self.part_epsilons().values())
+        return history_epsilon(self.settings.accountant, self.accountant.history, self.settings.target_delta)
 
     # --- the local loop's hooks ------------------------------------------------------------------------
     def set_training(self, mode: bool) -> None:
@@ -279,6 +326,7 @@ class ClientDP:
         n = len(base.dataset)
         self.q = sample_rate(n, int(base.batch_size))
         self.sigma = noise_multiplier_for(self.settings, self.q)
+        self.lambda_sigma = lambda_noise_for(self.settings, self.q)
         self.optimizer.noise_multiplier = self.sigma
         self.optimizer.expected_batch_size = max(1, round(self.q * n))
         for module in self.model.modules():  # drop activations of a pass that never reached backward
@@ -311,3 +359,7 @@ class ClientDP:
 
     def _account(self, optimizer: ClientDPOptimizer) -> None:
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.q)
+
+    def account_lambda(self) -> None:
+        """One noisy batch-gap release of PUFFLE's lambda update (sigma_lambda at the DP-SGD sample rate)."""
+        self.lambda_accountant.step(noise_multiplier=self.lambda_sigma, sample_rate=self.q)

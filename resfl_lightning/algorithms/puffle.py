@@ -1,0 +1,35 @@
+"""PUFFLE (Corbucci et al., ECAI 2024; docs/method.md §5a): DP-SGD on (1 - lambda) L_task + lambda x the parity
+gap, with lambda fixed (`algorithm.lambda_parity`) or tunable (clients/parity_lambda.py: steered towards a target
+gap, its noisy updates paid from epsilon_lambda of `algorithm.dp.epsilon_split`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from resfl_lightning.algorithms.dp import DPSGD
+from resfl_lightning.config import rules
+from resfl_lightning.config.fields import setting
+
+
+@dataclass(kw_only=True)
+class Puffle(DPSGD):
+    checks = (*DPSGD.checks, rules.tunable_lambda_budget)
+
+    lambda_mode: str = setting("fixed", "fixed: lambda = lambda_parity; tunable: steered towards parity_target "
+                               "(docs/method.md §5a)", choices=("fixed", "tunable"))
+    parity_target: float = setting(0.1, "tunable: the target gap T", gt=0, lt=1)
+    parity_momentum: float = setting(0.5, "tunable: momentum m of lambda's velocity", ge=0, lt=1)
+    parity_alpha: float = setting(1.0, "tunable: lambda's step size alpha in round 0", gt=0)
+    parity_alpha_decay: float = setting(0.95, "tunable: alpha's factor per server round", gt=0, le=1)
+
+    def attach(self, client: Any, run: Any) -> Any:
+        """DP-SGD's layout and hooks, then the tunable lambda's client-local state."""
+        from resfl_lightning.clients.parity_lambda import LambdaSettings, TunableLambda
+
+        client = super().attach(client, run)
+        if self.lambda_mode == "tunable":
+            client.parity_lambda = TunableLambda(LambdaSettings(
+                target=self.parity_target, momentum=self.parity_momentum, alpha=self.parity_alpha,
+                alpha_decay=self.parity_alpha_decay))
+        return client
