@@ -11,14 +11,15 @@ from resfl_lightning.metrics.mechanism import ufm_fairness_correlation
 
 def dp_run_metrics(latest: dict[int, dict[str, float]]) -> dict[str, float]:
     """The run's DP-SGD numbers from each client's latest statistics: steps S_k = the most any client took, PUFFLE's
-    spent epsilon parts (epsilon_sgd, epsilon_stat, epsilon_lambda) and lambda updates the most of any client,
-    every other number (z, q, B, C, epsilon target, delta, NSR) the median over the clients (equal for IID equal-size
-    clients; the NSR is each client's median over its steps)."""
+    spent epsilon parts (epsilon_sgd, epsilon_stat, epsilon_lambda), lambda updates and count releases the most of
+    any client, every other number (z, q, B, C, epsilon target, delta, NSR) the median over the clients (equal for
+    IID equal-size clients; the NSR is each client's median over its steps)."""
     keys = sorted({k for stats in latest.values() for k in stats})
     out: dict[str, float] = {}
     for key in keys:
         values = np.asarray([stats[key] for stats in latest.values() if key in stats], dtype=np.float64)
-        reduce = np.max if key in ("steps", "lambda_updates") or key.startswith("epsilon_") else np.median
+        most = key in ("steps", "lambda_updates", "stat_releases") or key.startswith("epsilon_")
+        reduce = np.max if most else np.median
         out[f"dp/{key}"] = float(reduce(values))  # NaN (a fixed z has no epsilon target) stays NaN
     return out
 
@@ -29,18 +30,24 @@ class ClientReportLogger:
         self.dp_latest: dict[int, dict[str, float]] = {}  # DP-SGD: client -> its latest accounting numbers
 
     def on_round_end(self, reports, weights: dict[int, float], metrics: dict) -> None:
+        # federation.client_validation=when_used: a client that skipped its validation reports NaN evaluation
+        # fields (a validated one always has a finite val_utility); the client means are over validated clients.
+        validated = [r for r in reports if math.isfinite(r.val_utility)]
         for r in reports:
             metrics.update(r.as_log_dict(f"client/{r.client_id}"))
             metrics[f"client/{r.client_id}/weight"] = weights[r.client_id]
-        n = max(len(reports), 1)
-        metrics["clients/mean_u"] = sum(r.u for r in reports) / n
-        raw = [r.ufm_raw for r in reports if math.isfinite(r.ufm_raw)]  # NaN: fewer than two usable groups
+            if not math.isfinite(r.val_utility):
+                metrics[f"client/{r.client_id}/gated"] = math.nan  # not measured, not "not gated"
+        none = bool(reports) and not validated
+        n = math.nan if none else max(len(validated), 1)
+        metrics["clients/mean_u"] = sum(r.u for r in validated) / n
+        raw = [r.ufm_raw for r in validated if math.isfinite(r.ufm_raw)]  # NaN: fewer than two usable groups
         metrics["clients/mean_ufm_raw"] = sum(raw) / len(raw) if raw else math.nan
-        metrics["clients/insufficient_groups"] = float(len(reports) - len(raw))
+        metrics["clients/insufficient_groups"] = math.nan if none else float(len(validated) - len(raw))
         metrics["mechanism/spearman_ufm_val_delta_eop"] = ufm_fairness_correlation(
-            [r.ufm_raw for r in reports], [r.val_delta_eop for r in reports])
-        metrics["clients/gated_fraction"] = sum(r.gated for r in reports) / n
-        metrics["clients/mean_val_utility"] = sum(r.val_utility for r in reports) / n
+            [r.ufm_raw for r in validated], [r.val_delta_eop for r in validated])
+        metrics["clients/gated_fraction"] = sum(r.gated for r in validated) / n
+        metrics["clients/mean_val_utility"] = sum(r.val_utility for r in validated) / n
         metrics["clients/max_weight"] = max(weights.values()) if weights else 0.0
         spent = [r.dp_epsilon for r in reports if r.dp_epsilon == r.dp_epsilon]  # DP-SGD runs only (NaN otherwise)
         if spent:

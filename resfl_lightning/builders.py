@@ -43,6 +43,7 @@ def federation_settings(cfg: DictConfig) -> FederationSettings:
         swa_start=a.swa_start_round(f.rounds), swa_every=a.swa_every, swa_lr_high=a.swa_lr_high,
         swa_lr_low=a.swa_lr_low, swa_bn_update=a.swa_bn_update, sam_rho=a.sam_rho, keep_best_epoch=a.keep_best_epoch,
         client_state_memory_mb=f.client_state_memory_mb, gather_memory_mb=f.gather_memory_mb,
+        client_validation=f.client_validation,
         relative_gate_k=cfg.ufm.gate_mad_k if cfg.ufm.gate_mode == "relative" else None,
         clients_per_round=f.clients_per_round, min_clients=f.min_clients, max_skipped_rounds=f.max_skipped_rounds,
         fail_clients=tuple(d.fail_clients), kill_rank=d.kill_rank, kill_round=d.kill_round,

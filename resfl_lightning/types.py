@@ -30,6 +30,9 @@ class ClientReport:
     # PrivFairFL-Post: aggregate validation counts/sums (per group, per threshold) for server-side calibration;
     # never per-sample values or individual group labels (baselines/privfairfl.py)
     calibration: dict[str, float] = field(default_factory=dict)
+    # PUFFLE's fallback: the (G, K + 1) table of per-group parity mass per class and row count of the received model
+    # on the training split, noised for epsilon_stat under DP (clients/parity_rates.py); [] otherwise
+    parity_counts: list[list[float]] = field(default_factory=list)
 
     def as_log_dict(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if isinstance(v, (int, float, bool))}

@@ -29,6 +29,10 @@ class AggregationRule:
     gathers_all: ClassVar[bool] = False
     needs_group_stats: ClassVar[bool] = False  # True: `prepare` gets every client's group counts before training
     needs_fim: ClassVar[bool] = False  # True: clients must report their Fisher eigenvalue (algorithm.report_fim)
+    # False only for a rule whose weights read no evaluation field of a report (ufm_raw, ufm_ema, u, gated,
+    # val_utility*, eval_loss, ufm_se, val_delta_eop): federation.client_validation=when_used then lets the clients
+    # skip their validation pass in non-final rounds. True is the safe default for a new rule.
+    uses_client_evaluation: ClassVar[bool] = True
 
     @property
     def name(self) -> str:

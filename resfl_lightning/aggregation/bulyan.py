@@ -41,6 +41,7 @@ def bulyan_selection(deltas: torch.Tensor, f: int) -> list[int]:
 
 @dataclass
 class Bulyan(GatherAllRule):
+    uses_client_evaluation = False  # the updates only
     f: int = 1  # Byzantine updates the rule must tolerate
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ PREVIOUS_KEY = "centered_clipping/previous_aggregate"
 
 @dataclass
 class CenteredClipping(GatherAllRule):
+    uses_client_evaluation = False  # the updates and the previous aggregate only
     tau: float | None = None  # clipping radius; null: the round's median distance to v_0
     iterations: int = 1  # L
 

@@ -73,6 +73,7 @@ class FairFed(StreamingRule):
 
     beta: float = 1.0
     needs_group_stats = True
+    uses_client_evaluation = False  # its weights come from the group statistics of theta_G (prepare)
     weights_now: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -11,6 +11,8 @@ from resfl_lightning.types import ClientReport
 
 @dataclass
 class FedAvg(StreamingRule):
+    uses_client_evaluation = False  # sample counts only
+
     def score(self, report: ClientReport) -> float:
         if report.num_samples <= 0:
             raise ValueError(f"client {report.client_id} reported num_samples={report.num_samples}")

@@ -54,6 +54,7 @@ def flame_noise_scale(epsilon: float, delta: float) -> float:
 
 @dataclass
 class Flame(GatherAllRule):
+    uses_client_evaluation = False  # the updates only
     cluster_on: str = "models"  # models (W_i = G + d_i, the paper) | updates (d_i)
     epsilon: float | None = None  # noise off when null
     delta: float = 1e-3

@@ -32,6 +32,7 @@ def fltrust_aggregate(deltas: torch.Tensor, root_update: torch.Tensor) -> tuple[
 
 @dataclass
 class FLTrust(GatherAllRule):
+    uses_client_evaluation = False  # the updates and the server's own root update
     root_size: int = 100  # items carved from the attack reserve for the server's root split
 
     def __post_init__(self) -> None:

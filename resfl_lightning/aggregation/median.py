@@ -15,6 +15,8 @@ from resfl_lightning.types import ClientReport
 
 @dataclass
 class CoordinateMedian(GatherAllRule):
+    uses_client_evaluation = False  # the updates only
+
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
         ordered = deltas.sort(dim=0).values
         mid = ordered.shape[0] // 2

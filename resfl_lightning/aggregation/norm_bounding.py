@@ -18,6 +18,7 @@ from resfl_lightning.types import ClientReport
 
 @dataclass
 class NormBounding(GatherAllRule):
+    uses_client_evaluation = False  # the updates only
     bound: float | None = None  # null: the round's median update norm
 
     def __post_init__(self) -> None:

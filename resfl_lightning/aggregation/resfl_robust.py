@@ -134,6 +134,11 @@ class RobustResfl(GatherAllRule):
             return state
         return replace(state, extra={**state.extra, PREVIOUS_KEY: self._last.detach().clone()})
 
+    @property
+    def uses_client_evaluation(self) -> bool:  # type: ignore[override]
+        """mode=checked reads the reported u, SE and gate; mode=server estimates u itself on the root split."""
+        return self.mode == "checked"
+
     def assumed_f(self, n: int) -> int:
         return self.f if self.f is not None else math.floor(self.assumed_fraction * n)
 

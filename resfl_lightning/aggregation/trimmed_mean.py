@@ -16,6 +16,7 @@ from resfl_lightning.types import ClientReport
 @dataclass
 class TrimmedMean(GatherAllRule):
     beta: float = 0.1
+    uses_client_evaluation = False  # the updates only
 
     def __post_init__(self) -> None:
         if not 0 <= self.beta < 0.5:

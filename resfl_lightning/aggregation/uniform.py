@@ -10,5 +10,7 @@ from resfl_lightning.types import ClientReport
 
 @dataclass
 class Uniform(StreamingRule):
+    uses_client_evaluation = False
+
     def score(self, report: ClientReport) -> float:
         return 0.0

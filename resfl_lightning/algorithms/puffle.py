@@ -1,6 +1,8 @@
 """PUFFLE (Corbucci et al., ECAI 2024; docs/method.md §5a): DP-SGD on (1 - lambda) L_task + lambda x the parity
 gap, with lambda fixed (`algorithm.lambda_parity`) or tunable (clients/parity_lambda.py: steered towards a target
-gap, its noisy updates paid from epsilon_lambda of `algorithm.dp.epsilon_split`)."""
+gap, its noisy updates paid from epsilon_lambda of `algorithm.dp.epsilon_split`). An absent group's term falls back
+on the server's global P(k|z) (clients/parity_rates.py) under DP exactly when the split gives epsilon_stat a share
+(the shared counts' budget), without DP when `algorithm.parity_global_fallback` is true (exact counts)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from resfl_lightning.config.fields import setting
 
 @dataclass(kw_only=True)
 class Puffle(DPSGD):
-    checks = (*DPSGD.checks, rules.tunable_lambda_budget)
+    checks = (*DPSGD.checks, rules.tunable_lambda_budget, rules.parity_fallback_budget)
 
     lambda_mode: str = setting("fixed", "fixed: lambda = lambda_parity; tunable: steered towards parity_target "
                                "(docs/method.md §5a)", choices=("fixed", "tunable"))
@@ -22,12 +24,26 @@ class Puffle(DPSGD):
     parity_momentum: float = setting(0.5, "tunable: momentum m of lambda's velocity", ge=0, lt=1)
     parity_alpha: float = setting(1.0, "tunable: lambda's step size alpha in round 0", gt=0)
     parity_alpha_decay: float = setting(0.95, "tunable: alpha's factor per server round", gt=0, le=1)
+    parity_global_fallback: bool = setting(False, "without DP: an absent group uses the server's P(k|z) from exact "
+                                           "client counts (under DP: on exactly when epsilon_split gives stat a "
+                                           "share)")
+
+    @property
+    def global_fallback(self) -> bool:
+        """The missing-group fallback is on: under DP when the shared counts have a budget, else when asked."""
+        if self.dp.enabled:
+            split = self.dp.epsilon_split
+            return split is not None and split[1] > 0
+        return self.parity_global_fallback
 
     def attach(self, client: Any, run: Any) -> Any:
-        """DP-SGD's layout and hooks, then the tunable lambda's client-local state."""
+        """DP-SGD's layout and hooks, then the missing-group fallback and the tunable lambda's client-local state."""
         from resfl_lightning.clients.parity_lambda import LambdaSettings, TunableLambda
+        from resfl_lightning.clients.parity_rates import GlobalParity
 
         client = super().attach(client, run)
+        if self.global_fallback:
+            client.parity_fallback = GlobalParity(client.num_groups)
         if self.lambda_mode == "tunable":
             client.parity_lambda = TunableLambda(LambdaSettings(
                 target=self.parity_target, momentum=self.parity_momentum, alpha=self.parity_alpha,

@@ -9,6 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from resfl_lightning.clients.parity_rates import SENSITIVITY
 from resfl_lightning.config.sections import OptimSettings, UfmSettings
 from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
@@ -132,6 +133,7 @@ class FederatedClient(L.LightningModule):
         self.report_statistics = None
         self.parity_lambda = None  # PUFFLE's tunable lambda (clients/parity_lambda.py); None: fixed lambda_parity
         self._step_gap: torch.Tensor | None = None  # the step's parity gap, for the tunable lambda's update
+        self.parity_fallback = None  # PUFFLE's global P(k|z) for absent groups (clients/parity_rates.py); None: off
 
     @property
     def reversal_scale(self) -> float:
@@ -271,7 +273,7 @@ class FederatedClient(L.LightningModule):
         if self.upload_transform is not None:
             self.upload_transform.begin(self)
 
-    # --- PUFFLE's tunable lambda (clients/parity_lambda.py) ------------------------------------------
+    # --- PUFFLE's tunable lambda and missing-group fallback (clients/parity_lambda.py, parity_rates.py) --
     @property
     def uses_parity(self) -> bool:
         """The step computes PUFFLE's gap: a fixed lambda > 0, or the tunable lambda (its update needs the gap)."""
@@ -282,8 +284,8 @@ class FederatedClient(L.LightningModule):
         raise NotImplementedError
 
     @torch.no_grad()
-    def dataset_parity_gap(self, loader) -> float:
-        """PUFFLE's D_train: the gap of this (received) model over every unit of a loader, in eval mode."""
+    def dataset_parity_mass(self, loader) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mass, groups) of this (received) model over every unit of a loader, in eval mode; None: no unit."""
         was_training = self.training
         self.eval()
         masses, groups = [], []
@@ -292,17 +294,48 @@ class FederatedClient(L.LightningModule):
             masses.append(mass.float())
             groups.append(g.reshape(-1))
         self.train(was_training)
-        if not masses:
-            return 0.0
-        return float(parity_gap(torch.cat(masses), torch.cat(groups)))
+        return (torch.cat(masses), torch.cat(groups)) if masses else None
+
+    def dataset_parity_gap(self, loader) -> float:
+        """PUFFLE's D_train: the gap of this (received) model over every unit of a loader, in eval mode."""
+        units = self.dataset_parity_mass(loader)
+        return 0.0 if units is None else float(parity_gap(*units))
+
+    @property
+    def global_parity_rates(self) -> torch.Tensor | None:
+        """The server's P(k|z) the parity gap falls back on for an absent group (None: no fallback)."""
+        return None if self.parity_fallback is None else self.parity_fallback.rates
+
+    def receive_parity_counts(self, pooled: torch.Tensor | None) -> None:
+        """The server's pooled (k, z) counts of the last round (ServerState.extra), when the fallback is on."""
+        if self.parity_fallback is not None:
+            self.parity_fallback.receive(pooled)
+
+    def shared_parity_counts(self) -> list[list[float]]:
+        """The (noisy) (k, z) counts this client released this round ([] when the fallback is off)."""
+        return [] if self.parity_fallback is None else self.parity_fallback.report()
+
+    def _release_parity_counts(self, units: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The round's counts over the training split, noised for epsilon_stat under DP (exact without DP); the
+        noise is drawn from (the client's first seed, round) alone."""
+        std = None if self.dp is None else self.dp.stat_sigma * SENSITIVITY
+        seed = np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, 6]).generate_state(1)[0]
+        self.parity_fallback.release(*(units or (None, None)), std=std, seed=int(seed))
+        if self.dp is not None and units is not None:
+            self.dp.account_stat()
 
     def start_local_training(self, loader_for_epoch) -> None:
-        """Before the round's first step: the tunable lambda's round-start value from D_train (0 in the client's
-        first round) and its noise generator, drawn from (the client's first seed, round) alone."""
-        tunable = self.parity_lambda
+        """Before the round's first step, from one pass of the received model over the training split: PUFFLE's
+        shared counts (when the fallback is on) and the tunable lambda's round-start value from D_train (0 in the
+        client's first round) and its noise generator, drawn from (the client's first seed, round) alone."""
+        tunable, fallback = self.parity_lambda, self.parity_fallback
+        wants_gap = tunable is not None and not tunable.first_round
+        units = self.dataset_parity_mass(loader_for_epoch(0)) if wants_gap or fallback is not None else None
+        if fallback is not None:
+            self._release_parity_counts(units)
         if tunable is None:
             return
-        d_train = None if tunable.first_round else self.dataset_parity_gap(loader_for_epoch(0))
+        d_train = (0.0 if units is None else float(parity_gap(*units))) if wants_gap else None
         seed = np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, 5]).generate_state(1)[0]
         tunable.begin_round(d_train, self.round_idx, int(seed))
         self._step_gap = None

@@ -100,7 +100,8 @@ class DetectionClient(FederatedClient):
         """PUFFLE's gap for detection (docs/method.md §5a, our reading): per ground-truth person the best score of
         its class among the predictions overlapping it at IoU >= ufm.iou_threshold (0 if none), counted as
         detected at score >= ufm.score_threshold; the gap over groups of the detected mass."""
-        return detection_parity_gap(self._person_scores(out, batch), batch["groups"], self.ufm.score_threshold)
+        return detection_parity_gap(self._person_scores(out, batch), batch["groups"], self.ufm.score_threshold,
+                                    self.global_parity_rates)
 
     def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(batch["img"])

@@ -121,7 +121,7 @@ class TabularClient(FederatedClient):
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
         fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
-        parity = prediction_parity_gap(out.logits, groups) if self.uses_parity else None
+        parity = prediction_parity_gap(out.logits, groups, self.global_parity_rates) if self.uses_parity else None
         return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair,
                                  parity=parity)
 

@@ -84,6 +84,14 @@ def tunable_lambda_budget(a: Any) -> None:
               f"paper's 4 + 0.5 + 0.5: [0.8, 0.1, 0.1]), got {None if split is None else list(split)}")
 
 
+def parity_fallback_budget(a: Any) -> None:
+    """PUFFLE: under DP the shared counts are paid from epsilon_stat; the key only asks for exact counts without DP."""
+    split = a.dp.epsilon_split
+    if a.parity_global_fallback and a.dp.enabled and (split is None or not split[1] > 0):
+        _fail("algorithm.parity_global_fallback", "under DP the fallback's counts need an epsilon_stat share > 0 "
+              f"(algorithm.dp.epsilon_split, e.g. [0.8, 0.1, 0.1]), got {None if split is None else list(split)}")
+
+
 def temperature_grid_nonempty(section: Any) -> None:
     if len(section.temperatures) == 0:
         _fail(f"{section.section}.temperatures", "must list at least one temperature")

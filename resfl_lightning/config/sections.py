@@ -31,6 +31,10 @@ class FederationConfig(Section):
     max_skipped_rounds: int | None = setting(None, "more skipped rounds in a row end the run (null: no limit)", ge=0)
     client_state_memory_mb: float = setting(256.0, "per-client state kept in memory before spilling to disk", gt=0)
     gather_memory_mb: float = setting(4096.0, "budget for a gather-all rule's stacked updates", gt=0)
+    client_validation: str = setting(
+        "every_round", "when_used: clients skip validating their model in a non-final round whose aggregation, "
+        "update transforms and best-epoch selection read no evaluation (its report fields are NaN)",
+        choices=("every_round", "when_used"))
 
 
 @dataclass(kw_only=True)

@@ -41,12 +41,14 @@ def _finite(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
-def check_update(report, delta: torch.Tensor, score: float | None, client_id: int, round_idx: int) -> None:
+def check_update(report, delta: torch.Tensor, score: float | None, client_id: int, round_idx: int,
+                 validated: bool = True) -> None:
     """Raise ClientFault (naming client, round and field) unless the report and update can be aggregated.
 
     NaN is allowed where it means "not measured": ufm_raw (fewer than two groups), ufm_ema (EMA off or not yet
     set) and fim_eigenvalue (not requested); a streaming rule's score must be finite or -inf (weight 0); a gather-all
-    rule has no per-client score (None)."""
+    rule has no per-client score (None). Without validation (federation.client_validation=when_used) the evaluation
+    fields are NaN and not checked."""
     where = f"client {client_id}, round {round_idx}"
     if not isinstance(report, ClientReport):
         raise ClientFault(f"{where}: report is a {type(report).__name__}, not a ClientReport")
@@ -55,7 +57,7 @@ def check_update(report, delta: torch.Tensor, score: float | None, client_id: in
     if isinstance(report.num_samples, bool) or not isinstance(report.num_samples, numbers.Integral) \
             or report.num_samples <= 0:
         raise ClientFault(f"{where}: report field num_samples={report.num_samples!r} is not a positive count")
-    for key in ("u", "val_utility", "val_utility50", "eval_loss"):
+    for key in ("u", "val_utility", "val_utility50", "eval_loss") if validated else ():
         if not _finite(getattr(report, key)):
             raise ClientFault(f"{where}: report field {key}={getattr(report, key)!r} is not a finite number")
     bad = [k for k, v in report.train_losses.items() if not _finite(v)]

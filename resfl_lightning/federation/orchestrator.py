@@ -23,7 +23,8 @@ import torch
 
 from resfl_lightning.aggregation.base import AggregationRule
 from resfl_lightning.aggregation.streaming import StreamingWeightedSum, combine_normalisers
-from resfl_lightning.clients.base import FederatedClient
+from resfl_lightning.clients.base import EvalResult, FederatedClient
+from resfl_lightning.clients.parity_rates import PARITY_COUNTS_KEY, pooled_table
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
 from resfl_lightning.federation.client_state import ClientStateStore
 from resfl_lightning.federation.collectives import PROGRESS, Collectives
@@ -43,6 +44,7 @@ from resfl_lightning.metrics.ufm import relative_gate_threshold
 from resfl_lightning.types import ClientReport
 
 UpdateTransform = Callable[[int, int, torch.Tensor], torch.Tensor]  # (client_id, round_idx, delta) -> delta
+NOT_VALIDATED = EvalResult(ufm_raw=math.nan, utility=math.nan, utility50=math.nan, eval_loss=math.nan)
 
 
 class SimulatedCrash(RuntimeError):
@@ -79,6 +81,7 @@ class FederationSettings:
     keep_best_epoch: bool = False  # CurvFed Algorithm 1: evaluate after each local epoch, keep the best
     client_state_memory_mb: float = 256.0
     gather_memory_mb: float = 4096.0  # budget for a gather-all rule's stacked updates (N x |theta| float32)
+    client_validation: str = "every_round"  # when_used: skip the clients' validation where nothing reads it
     relative_gate_k: float | None = None  # ufm.gate_mode=relative: the k of median - k MAD (None: absolute gate)
     clients_per_round: int | float | None = None  # None: every client; a count; or a fraction in (0, 1]
     min_clients: int = 1  # quorum: a round with fewer aggregated clients is skipped (theta_G unchanged)
@@ -112,6 +115,9 @@ class FederationSettings:
                              f"{self.swa_lr_low}, {self.swa_lr_high}")
         if self.sam_rho < 0:
             raise ValueError(f"algorithm.sam_rho must be >= 0, got {self.sam_rho}")
+        if self.client_validation not in ("every_round", "when_used"):
+            raise ValueError(f"federation.client_validation must be every_round or when_used, "
+                             f"got {self.client_validation!r}")
 
     def in_swa(self, round_idx: int) -> bool:
         return self.swa_start is not None and round_idx >= self.swa_start
@@ -216,6 +222,7 @@ class Federation:
         client.import_local_state(self.client_states.get(client_id), seed=client_init_seed(s.seed, client_id))
         gate = state.extra.get(RELATIVE_GATE_KEY)
         client.relative_gate = None if gate is None else float(gate)
+        client.receive_parity_counts(state.extra.get(PARITY_COUNTS_KEY))  # PUFFLE's global P(k|z) (no-op otherwise)
         seed_all(cseed)
         client.begin_client(client_id, round_idx)
         self.faults.before_training(client_id, round_idx)
@@ -229,12 +236,23 @@ class Federation:
                 epoch_end=best)
         client.before_upload(val_loader)  # PrivFairFL-Pre: perturb and calibrate the logit layer (no-op otherwise)
         t1 = time.perf_counter()
-        result = best.restore() if best is not None else client.evaluate(val_loader)
+        validated = self.clients_validate(round_idx)  # always with keep_best_epoch
+        if best is not None:
+            result = best.restore()
+        elif validated:
+            result = client.evaluate(val_loader)
+        else:  # skipped; its one torch RNG draw (the loader's base seed) is kept, so the Fisher's random start and
+            # every later draw are the same as when the clients validate
+            iter(val_loader)
+            result = NOT_VALIDATED
         delta = layout.flatten(client) - state.theta
         for transform in self.update_transforms:
             delta = transform(client_id, round_idx, delta)
-        result, (ema, u, gated) = self._reported(client, layout, state, client_id, round_idx, result, delta,
-                                                 val_loader)
+        if validated:
+            result, (ema, u, gated) = self._reported(client, layout, state, client_id, round_idx, result, delta,
+                                                     val_loader)
+        else:  # nothing reads it: NaN evaluation fields, and the client's UFM EMA is left as it was
+            ema, u, gated = math.nan, math.nan, False
         fim = client.validation_fim(val_loader, iters=s.fim_iters) if s.report_fim else math.nan
         t2 = time.perf_counter()
         times.train += t1 - t0
@@ -246,14 +264,24 @@ class Federation:
             train_losses=client.mean_losses(),
             timings={"train": t1 - t0, "validate": t2 - t1},
             dp_epsilon=client.dp_epsilon(), dp_statistics=client.dp_statistics(),
-            calibration=client.calibration_statistics(val_loader),
+            calibration=client.calibration_statistics(val_loader), parity_counts=client.shared_parity_counts(),
         )
         report, delta = self.faults.after_training(client_id, round_idx, report, delta)
         score = None if self.aggregator.gathers_all else self.aggregator.score(report)
-        check_update(report, delta, score, client_id, round_idx)
+        check_update(report, delta, score, client_id, round_idx, validated=validated)
         # Only a usable round updates the client's own state: a dropped client keeps its previous one.
         self.client_states.put(client_id, round_idx, client.export_local_state())
         return report, delta
+
+    def clients_validate(self, round_idx: int) -> bool:
+        """Whether the clients evaluate their trained model this round. federation.client_validation=when_used
+        skips it in a non-final round when nothing reads the evaluation: an aggregation rule with
+        uses_client_evaluation=False, no update transform with a `report` hook (Byzantine report modes) and no
+        best-epoch selection. The final round always validates (the run's final per-client values)."""
+        s = self.settings
+        return (s.client_validation == "every_round" or round_idx == s.rounds - 1 or s.keep_best_epoch
+                or self.aggregator.uses_client_evaluation
+                or any(hasattr(t, "report") for t in self.update_transforms))
 
     def _reported(self, client: FederatedClient, layout: FlatLayout, state: ServerState, client_id: int,
                   round_idx: int, result, delta: torch.Tensor, val_loader):
@@ -365,6 +393,7 @@ class Federation:
         if self.swa_bn_mask is not None and s.swa_cycle_end(round_idx):
             state = self._recalibrate_swa_bn(client, layout, state, reports, round_idx)
         state = self._next_relative_gate(state, reports)
+        state = self._next_parity_counts(state, reports)
         times.aggregate = time.perf_counter() - t0
         weights = self.aggregator.weights(reports)
         layout.load(client, state.model_theta, state.int_buffers)  # callbacks evaluate the new global (or SWA) model
@@ -487,6 +516,16 @@ class Federation:
         if thr is None:
             return state
         return replace(state, extra={**state.extra, RELATIVE_GATE_KEY: torch.tensor(thr, dtype=torch.float64)})
+
+    @staticmethod
+    def _next_parity_counts(state: ServerState, reports: list[ClientReport]) -> ServerState:
+        """PUFFLE's missing-group fallback: next round's global (k, z) counts are the sum of this round's (noisy)
+        client counts (clients/parity_rates.py); a round without any keeps the last sum."""
+        pooled = pooled_table([torch.tensor(r.parity_counts, dtype=torch.float64) for r in reports
+                               if r.parity_counts])
+        if pooled is None:
+            return state
+        return replace(state, extra={**state.extra, PARITY_COUNTS_KEY: pooled})
 
     def _update_swa(self, state: ServerState, round_idx: int) -> ServerState:
         """Fold theta_G into the SWA average at a cycle's end; with BatchNorm recalibration its statistics are not

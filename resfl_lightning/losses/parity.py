@@ -13,12 +13,14 @@ import torch.nn.functional as F
 from torchvision.ops import box_iou
 
 
-def parity_gap(mass: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+def parity_gap(mass: torch.Tensor, groups: torch.Tensor, global_rates: torch.Tensor | None = None) -> torch.Tensor:
     """max over (k, z) of |mean_{z_i = z} mass_ik - mean_{z_i != z} mass_ik| for mass (N, K).
 
-    Rows of group -1 (unknown) take no part. A group absent from the batch, or one that is the whole batch (no
-    "not z" rows), contributes nothing (our reading: the paper falls back on the server's global P(k|z), which is 0
-    before it exists); with no comparable group the result is a graph-connected 0."""
+    Rows of group -1 (unknown) take no part. A group that is the whole batch (no "not z" rows) contributes nothing
+    itself. A group absent from the batch contributes max_k |P(k|z) - mean_{known i} mass_ik| when global_rates
+    (G, K), the server's P(k|z) (clients/parity_rates.py; a constant, NaN rows: no estimate), has its row; without
+    one it contributes nothing (the paper's term before the server's estimate exists). With no comparable group the
+    result is a graph-connected 0."""
     groups = groups.reshape(-1).long()
     if mass.dim() != 2 or mass.shape[0] != groups.shape[0]:
         raise ValueError(f"parity_gap: mass {tuple(mass.shape)} and groups {tuple(groups.shape)} must share the "
@@ -30,9 +32,23 @@ def parity_gap(mass: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         if not bool(rest.any()):
             continue
         gaps.append((mass[inside].mean(dim=0) - mass[rest].mean(dim=0)).abs().max())
+    if global_rates is not None and bool(known.any()):
+        gaps += _missing_group_gaps(mass[known], groups[known], global_rates)
     if not gaps:
         return mass.sum() * 0.0
     return torch.stack(gaps).max()
+
+
+def _missing_group_gaps(mass: torch.Tensor, groups: torch.Tensor, global_rates: torch.Tensor) -> list[torch.Tensor]:
+    """The gap of each group with a global estimate that the batch lacks: every known row is "not z"."""
+    rates = global_rates.detach().to(device=mass.device, dtype=mass.dtype)
+    present = torch.zeros(rates.shape[0], dtype=torch.bool, device=mass.device)
+    present[groups[groups < rates.shape[0]]] = True
+    missing = (~present & ~rates.isnan().any(dim=1)).nonzero().flatten().tolist()
+    if not missing:
+        return []
+    rest = mass.mean(dim=0)
+    return [(rates[z] - rest).abs().max() for z in missing]
 
 
 def prediction_mass(logits: torch.Tensor) -> torch.Tensor:
@@ -42,9 +58,10 @@ def prediction_mass(logits: torch.Tensor) -> torch.Tensor:
     return p * predicted
 
 
-def prediction_parity_gap(logits: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+def prediction_parity_gap(logits: torch.Tensor, groups: torch.Tensor,
+                          global_rates: torch.Tensor | None = None) -> torch.Tensor:
     """Classification: the gap of `prediction_mass`."""
-    return parity_gap(prediction_mass(logits), groups)
+    return parity_gap(prediction_mass(logits), groups, global_rates)
 
 
 def person_scores(boxes: torch.Tensor, probs: torch.Tensor, gt_boxes: torch.Tensor, gt_image: torch.Tensor,
@@ -65,10 +82,11 @@ def person_scores(boxes: torch.Tensor, probs: torch.Tensor, gt_boxes: torch.Tens
     return matched.max(dim=1).values
 
 
-def detection_parity_gap(scores: torch.Tensor, groups: torch.Tensor, score_threshold: float) -> torch.Tensor:
+def detection_parity_gap(scores: torch.Tensor, groups: torch.Tensor, score_threshold: float,
+                         global_rates: torch.Tensor | None = None) -> torch.Tensor:
     """Detection: max over groups g of |P~(det|g) - P~(det|not g)| with the mass p [p >= score_threshold] of each
     person (an equal-opportunity gap, since every unit is a positive)."""
-    return parity_gap(detection_mass(scores, score_threshold), groups)
+    return parity_gap(detection_mass(scores, score_threshold), groups, global_rates)
 
 
 def detection_mass(scores: torch.Tensor, score_threshold: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """PUFFLE's three-part privacy budget (Corbucci et al. 2024; docs/method.md §5a): epsilon = epsilon_SGD +
-epsilon_stat + epsilon_lambda. Each part is spent by its own mechanism and accounted by its own opacus accountant;
+epsilon_stat + epsilon_lambda. Each part is spent by its own mechanism and accounted on its own (DP-SGD and the
+lambda updates by opacus' accountant, the shared counts by the Gaussian mechanism's exact curve, privacy/gaussian.py);
 by basic composition the parts' epsilons and deltas add up, so each part gets delta / 3 and the run's total stays
 (target_epsilon, target_delta)."""
 

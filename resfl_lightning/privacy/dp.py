@@ -28,6 +28,7 @@ from torch import nn
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
+from resfl_lightning.privacy import gaussian
 from resfl_lightning.privacy.budget import budget_parts
 from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
 from resfl_lightning.privacy.signal import median_noise_to_signal
@@ -38,6 +39,7 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing when gra
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
 SIGNAL_KEY = "dp.signal"  # client-local state: ||g_c|| of every DP-SGD step so far (the NSR's signal)
 LAMBDA_HISTORY_KEY = "dp.lambda_history"  # client-local state: the epsilon_lambda accountant's rows (PUFFLE)
+STAT_HISTORY_KEY = "dp.stat_history"  # client-local state: (noise multiplier, releases) of PUFFLE's shared counts
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -122,6 +124,16 @@ def lambda_noise_for(settings: DPSettings, q: float) -> float | None:
     if part is None or not part.epsilon:
         return None
     return _sigma_for(part.epsilon, part.delta, q, planned_steps(settings, q), settings.accountant)
+
+
+def stat_noise_for(settings: DPSettings) -> float | None:
+    """z of PUFFLE's shared counts (clients/parity_rates.py): (epsilon_stat, delta / 3) over one release per planned
+    round at sample rate 1 (the whole training split), by the Gaussian mechanism's exact curve (privacy/gaussian.py);
+    None without an epsilon_stat share."""
+    part = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split).get("stat")
+    if part is None or not part.epsilon:
+        return None
+    return gaussian.noise_multiplier(part.epsilon, part.delta, settings.rounds)
 
 
 def history_epsilon(accountant: str, history, delta: float) -> float:
@@ -230,6 +242,8 @@ class ClientDP:
         self.parts = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split)
         self.lambda_accountant = create_accountant(settings.accountant)  # PUFFLE's noisy lambda updates
         self.lambda_sigma: float | None = None
+        self.stat_sigma = stat_noise_for(settings)
+        self.stat_history: list[tuple[float, int]] = []  # (z, releases) of the shared counts
 
     # --- client-local state ------------------------------------------------------------------------
     def export_state(self) -> dict[str, torch.Tensor]:
@@ -239,13 +253,15 @@ class ClientDP:
         if self.lambda_accountant.history:
             rows = [list(map(float, row)) for row in self.lambda_accountant.history]
             state[LAMBDA_HISTORY_KEY] = torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
+        if self.stat_history:
+            state[STAT_HISTORY_KEY] = torch.tensor(self.stat_history, dtype=torch.float64).reshape(-1, 2)
         return state
 
     def import_state(self, state: dict[str, torch.Tensor] | None) -> None:
         """A client's own accountant history and signal norms (None: a client that has not trained yet)."""
         self.accountant = create_accountant(self.settings.accountant)
         self.lambda_accountant = create_accountant(self.settings.accountant)
-        self.signal, self.sigma, self.q, self.lambda_sigma = [], None, None, None
+        self.signal, self.sigma, self.q, self.lambda_sigma, self.stat_history = [], None, None, None, []
         if self.optimizer is not None:
             self.optimizer.signal_norms = []
         if state is not None and HISTORY_KEY in state:
@@ -255,6 +271,8 @@ class ClientDP:
         if state is not None and LAMBDA_HISTORY_KEY in state:
             self.lambda_accountant.history = [(float(s), float(q), int(n))
                                               for s, q, n in state[LAMBDA_HISTORY_KEY].tolist()]
+        if state is not None and STAT_HISTORY_KEY in state:
+            self.stat_history = [(float(z), int(n)) for z, n in state[STAT_HISTORY_KEY].tolist()]
 
     def signal_history(self) -> list[float]:
         """||g_c|| of every DP-SGD step this client took over the run (noise-only steps of empty draws excluded)."""
@@ -283,14 +301,16 @@ class ClientDP:
                 out[f"target_epsilon_{name}"] = float(part.epsilon)
             out["noise_multiplier_lambda"] = math.nan if self.lambda_sigma is None else self.lambda_sigma
             out["lambda_updates"] = float(sum(int(n) for _, _, n in self.lambda_accountant.history))
+            out["noise_multiplier_stat"] = math.nan if self.stat_sigma is None else self.stat_sigma
+            out["stat_releases"] = float(sum(n for _, n in self.stat_history))
         return out
 
     def part_epsilons(self) -> dict[str, float]:
-        """Spent epsilon per budget part, each at its own delta. epsilon_stat is 0: no group statistics are shared
-        (the missing-group fallback is not implemented, docs/method.md §5a)."""
+        """Spent epsilon per budget part, each at its own delta; the shared counts' by the Gaussian mechanism's exact
+        curve (privacy/gaussian.py), the other two by the run's opacus accountant."""
         acc = self.settings.accountant
         return {"sgd": history_epsilon(acc, self.accountant.history, self.parts["sgd"].delta),
-                "stat": 0.0,
+                "stat": gaussian.spent_epsilon(self.stat_history, self.parts["stat"].delta),
                 "lambda": history_epsilon(acc, self.lambda_accountant.history, self.parts["lambda"].delta)}
 
     def epsilon(self) -> float:
@@ -359,6 +379,13 @@ class ClientDP:
 
     def _account(self, optimizer: ClientDPOptimizer) -> None:
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.q)
+
+    def account_stat(self) -> None:
+        """One release of PUFFLE's noisy (k, z) counts (noise multiplier stat_sigma, the whole training split)."""
+        if self.stat_history and self.stat_history[-1][0] == self.stat_sigma:
+            self.stat_history[-1] = (self.stat_sigma, self.stat_history[-1][1] + 1)
+        else:
+            self.stat_history.append((self.stat_sigma, 1))
 
     def account_lambda(self) -> None:
         """One noisy batch-gap release of PUFFLE's lambda update (sigma_lambda at the DP-SGD sample rate)."""

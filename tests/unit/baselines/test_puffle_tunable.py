@@ -134,7 +134,7 @@ def test_tunable_preset_attaches_the_lambda_from_the_config():
 
 
 def test_epsilon_split_matches_opacus_accountants_run_independently():
-    """epsilon 2 = 1.6 (DP-SGD) + 0.2 (stat, unspent) + 0.2 (lambda), each at delta / 3, RDP accountant."""
+    """epsilon 2 = 1.6 (DP-SGD) + 0.2 (stat, no release here) + 0.2 (lambda), each at delta / 3, RDP accountant."""
     settings = DPSettings(target_epsilon=2.0, target_delta=3e-6, accountant="rdp", epsilon_split=[0.8, 0.1, 0.1],
                           rounds=3, local_epochs=1)
     q, steps = 0.1, 3 * 10
