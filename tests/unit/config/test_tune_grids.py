@@ -91,3 +91,18 @@ def test_scaled_values_multiply_the_composed_value():
     assert concrete(("optim.lr*=10",), base) == ["optim.lr=0.1"]
     with pytest.raises(TuneError, match="not a number to scale"):
         concrete(("optim.momentum*=2",), base)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["adult", "synthetic"])
+def test_every_trial_of_every_grid_passes_the_config_rules(dataset):
+    """A trial the schema or a cross-key rule refuses (e.g. PUFFLE's tunable lambda under DP without a lambda share of
+    epsilon) would fail all of its tuning runs; each method's method-specific trials compose and load here."""
+    from resfl_lightning.config.load import load_config
+
+    s = load_settings()
+    for method in algorithm_presets():
+        base = [*common_overrides(dataset, "iid", method)]
+        settings = flatten(composed_settings(base))
+        for trial in load_grid(method, s)[3:]:  # trials 1-2 are every grid's shared optimiser axis
+            load_config(composed_settings([*base, *concrete(trial, settings)]))
