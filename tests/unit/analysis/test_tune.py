@@ -120,14 +120,15 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
 
 
 def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: Path):
-    target = tmp_path / "adult" / "fedavg.yaml"
-    preset = tuning("fedavg", selected_values=0.80)
+    # resfl_af_cluster: a method without a shipped Adult tuned file (its tuning kept the preset)
+    target = tmp_path / "adult" / "resfl_af_cluster.yaml"
+    preset = tuning("resfl_af_cluster", selected_values=0.80)
     preset.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "epsilon": None}
     preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
     assert preset.selection.selected == 0
     assert plan_tuned_file(preset, "adult", target, "c", "e.md", SEEDS) is None
     assert preset.outcome == "Trial 0 (the preset) selected and no tuned file existed: none written."
-    missing = tuning("fedavg")
+    missing = tuning("resfl_af_cluster")
     assert plan_tuned_file(missing, "adult", target, "c", "e.md", SEEDS) is None
     assert "runs missing" in missing.outcome and not target.exists()
 
@@ -163,10 +164,10 @@ def test_a_run_composes_to_its_base_trial_and_user_overrides(tmp_path: Path):
 
 
 def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
-    bases = frozen_bases(tmp_path, "adult", ["resfl", "fedavg"], [])
+    bases = frozen_bases(tmp_path, "adult", ["resfl", "resfl_af_cluster"], [])
     assert bases["resfl"] == {"file": "conf/tuned/adult/resfl.yaml",
                               "overrides": list(load_tuned(conf_dir() / "tuned/adult/resfl.yaml").overrides)}
-    assert bases["fedavg"] == {"file": None, "overrides": []}
+    assert bases["resfl_af_cluster"] == {"file": None, "overrides": []}  # no shipped Adult file
     assert frozen_bases(tmp_path, "adult", ["resfl"], ["adversary=paper_minimal"])["resfl"] == bases["resfl"]
     other = tmp_path / "other"
     other.mkdir()

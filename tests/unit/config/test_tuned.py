@@ -16,6 +16,7 @@ from resfl_lightning.resources import conf_dir
 
 REPO = Path(__file__).resolve().parents[3]
 ADULT_RESFL = "conf/tuned/adult/resfl.yaml"
+RESFL_OVERRIDES = yaml.safe_load((REPO / ADULT_RESFL).read_text())["overrides"]  # the frontier's phi and what follows
 
 
 def _phi(cfg: dict) -> tuple:
@@ -25,7 +26,7 @@ def _phi(cfg: dict) -> tuple:
 
 def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_out():
     tuned = composed_settings(["dataset=adult"])
-    by_hand = composed_settings(["dataset=adult", "use_tuned=false", "adversary=strong", "algorithm.lambda_priv=0.3"])
+    by_hand = composed_settings(["dataset=adult", "use_tuned=false", *RESFL_OVERRIDES])
     assert tuned["tuned_file"] == ADULT_RESFL and by_hand["tuned_file"] is None
     assert _phi(tuned) == (0.3, 5, 0.01)
     drop = ("tuned_file", "use_tuned")
@@ -35,12 +36,13 @@ def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_
 def test_the_users_own_overrides_win_key_by_key():
     assert _phi(composed_settings(["dataset=adult", "adversary=paper_minimal"])) == (0.3, 1, 0.001)
     assert _phi(composed_settings(["dataset=adult", "algorithm.lambda_priv=0.1"])) == (0.1, 5, 0.01)
-    both = composed_settings(["dataset=adult", "adversary=paper_minimal", "algorithm.lambda_priv=0.1"])
+    mine = ["adversary=paper_minimal", "algorithm.lambda_priv=0.1",
+            *(o for o in RESFL_OVERRIDES if not o.startswith(("adversary=", "algorithm.lambda_priv=")))]
+    both = composed_settings(["dataset=adult", *mine])
     assert both["tuned_file"] is None and _phi(both) == (0.1, 1, 0.001)  # nothing left to apply
 
 
-@pytest.mark.parametrize("overrides", [["dataset=adult", "use_tuned=false"], ["dataset=adult", "algorithm=fedavg"],
-                                       ["dataset=synthetic"], ["dataset=csv"]])
+@pytest.mark.parametrize("overrides", [["dataset=adult", "use_tuned=false"], ["dataset=synthetic"], ["dataset=csv"]])
 def test_no_tuned_file_applies(overrides):
     cfg = composed_settings(overrides)
     assert cfg["tuned_file"] is None
@@ -119,7 +121,7 @@ def test_the_train_app_recomposes_with_the_tuned_file(capsys):
         cfg = apply_tuned(plain)
     assert cfg is not plain and OmegaConf.select(cfg, "tuned_file") == ADULT_RESFL
     assert (cfg.algorithm.lambda_priv, cfg.algorithm.adversary_steps) == (0.3, 5)
-    assert f"tuned: {ADULT_RESFL} applied (adversary=strong algorithm.lambda_priv=0.3)" in capsys.readouterr().out
+    assert f"tuned: {ADULT_RESFL} applied ({' '.join(RESFL_OVERRIDES)})" in capsys.readouterr().out
 
 
 def test_cfg_job_prints_the_tuned_config():
