@@ -73,9 +73,10 @@ class RunFiles:
             return
         self.summary.update(final_summary(self.final, self.final_round, self.last_seen))
         self.summary.update(self._mean_timings())
-        majority = classification_majority_rate(federation.data)
-        if majority is not None:
-            self.summary["test/majority_class_rate"] = majority
+        for split in ("test", "val"):
+            majority = classification_majority_rate(federation.data, split)
+            if majority is not None:
+                self.summary[f"{split}/majority_class_rate"] = majority
         (self.run_dir / "summary.json").write_text(json.dumps({k: _jsonable(v) for k, v in self.summary.items()},
                                                               indent=2, sort_keys=True))
         for logger in federation.fabric.loggers:
@@ -105,13 +106,19 @@ def final_summary(final: dict, final_round: int | None, last_seen: dict[str, int
     return out
 
 
-def classification_majority_rate(data) -> float | None:
-    """Accuracy of a constant prediction on a classification test split (the table's utility floor); None for other
-    tasks. Read from the label array, never through a loader (a loader's workers would draw from the torch RNG)."""
+def classification_majority_rate(data, split: str = "test") -> float | None:
+    """Accuracy of a constant prediction on a classification split: `test` (the table's utility floor) or `val`, the
+    union of the clients' validation splits (what `resfl tune` reads); None for other tasks. Read from the label
+    array, never through a loader (a loader's workers would draw from the torch RNG)."""
     from resfl_lightning.attacks.targets import base_data
 
     data = base_data(data)
     if getattr(data, "task", None) != "classification" or not hasattr(data, "y") or not hasattr(data, "splits"):
         return None
-    labels = np.asarray(data.y)[np.asarray(data.splits.test, dtype=np.int64)]
+    if split == "test":
+        rows = np.asarray(data.splits.test, dtype=np.int64)
+    else:
+        clients = getattr(data.splits, "clients", [])
+        rows = np.concatenate([np.asarray(c.val, dtype=np.int64) for c in clients] or [np.zeros(0, np.int64)])
+    labels = np.asarray(data.y)[rows]
     return majority_class_rate(labels) if labels.size else None

@@ -84,9 +84,11 @@ def test_a_run_whose_final_di_is_undefined_shows_na_not_an_earlier_rounds_score(
 def test_summary_keeps_the_final_rounds_values_and_the_test_majority_rate(tmp_path: Path):
     from callbacks.run_files import RunFiles, classification_majority_rate
 
+    clients = [SimpleNamespace(val=np.array([1, 2])), SimpleNamespace(val=np.array([3]))]
     data = SimpleNamespace(task="classification", y=np.array([0, 1, 1, 0, 0, 0, 1, 0]),
-                           splits=SimpleNamespace(test=np.array([4, 5, 6, 7])))
+                           splits=SimpleNamespace(test=np.array([4, 5, 6, 7]), clients=clients))
     assert classification_majority_rate(data) == 0.75  # test rows 4-7: labels 0, 0, 1, 0
+    assert classification_majority_rate(data, "val") == pytest.approx(2 / 3)  # val rows 1, 2, 3: labels 1, 1, 0
     assert classification_majority_rate(SimpleNamespace(task="detection")) is None
     files = RunFiles(tmp_path)
     fed = _federation(tmp_path, data)
@@ -97,6 +99,7 @@ def test_summary_keeps_the_final_rounds_values_and_the_test_majority_rate(tmp_pa
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test/accuracy"] == 0.8 and summary["dp/epsilon_max"] == 2.0
     assert summary["test/majority_class_rate"] == 0.75 and summary["missing_reasons"] == {}
+    assert summary["val/majority_class_rate"] == pytest.approx(2 / 3)  # `resfl tune`'s floor on validation
     assert "train/loss" not in summary  # not a summary metric
 
 
