@@ -202,28 +202,30 @@ def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Pa
 def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path):
     from resfl_lightning.cli.tune import main
 
+    # resfl_af_cluster: a method without a shipped Adult tuned file, so its trials start from the preset
+
     out, results, tuned = tmp_path / "runs", tmp_path / "results" / "tune-adult-iid.md", tmp_path / "tuned"
-    args = ["--dataset", "adult", "--methods", "fedavg", "--trials", "2", "--seeds", "120", "--jobs", "1",
+    args = ["--dataset", "adult", "--methods", "resfl_af_cluster", "--trials", "2", "--seeds", "120", "--jobs", "1",
             "--out", str(out), "--results", str(results), "--tuned-dir", str(tuned), f"dataset.root={adult_dir}",
             "federation.rounds=1"]
     assert main(args) == 0
     for t in (0, 1):
-        run = out / f"fedavg-t{t}-s120"
+        run = out / f"resfl_af_cluster-t{t}-s120"
         summary = json.loads((run / "summary.json").read_text())
         assert 0 < summary["val/accuracy"] < 1 and "val/fairness_score" in summary
         assert OmegaConf.load(run / "config.yaml").optim.lr == pytest.approx(0.01 / 3 if t else 0.01, rel=1e-5)
     text = results.read_text()
     assert text.startswith("# Tuning budget: adult, scenario iid (1 methods x the first 2 of 8 trials x 1 tuning")
-    assert "- command: `resfl tune --dataset adult --methods fedavg --trials 2" in text
+    assert "- command: `resfl tune --dataset adult --methods resfl_af_cluster --trials 2" in text
     assert "| 0 | (the preset) |" in text and "| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) |" in text
-    selection = json.loads((out / "selection.json").read_text())["fedavg"]
-    path = tuned / "adult" / "fedavg.yaml"
+    selection = json.loads((out / "selection.json").read_text())["resfl_af_cluster"]
+    path = tuned / "adult" / "resfl_af_cluster.yaml"
     if selection["selected"] == 0:  # the preset won: no file
         assert not path.exists() and "none written" in text
     else:
         assert load_tuned(path).overrides == ("optim.lr=0.00333333",)
         assert yaml.safe_load(path.read_text())["evidence"] == [str(results)]
-    before = (out / "fedavg-t0-s120" / "table_wall_s.json").read_text()
+    before = (out / "resfl_af_cluster-t0-s120" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: nothing is trained again, and the same file is written
-    assert (out / "fedavg-t0-s120" / "table_wall_s.json").read_text() == before
-    assert not (conf_dir() / "tuned" / "adult" / "fedavg.yaml").exists()  # --tuned-dir kept the repository clean
+    assert (out / "resfl_af_cluster-t0-s120" / "table_wall_s.json").read_text() == before
+    assert not (conf_dir() / "tuned" / "adult" / "resfl_af_cluster.yaml").exists()  # --tuned-dir: repository clean
