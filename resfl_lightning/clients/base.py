@@ -298,8 +298,12 @@ class FederatedClient(L.LightningModule):
 
     def dataset_parity_gap(self, loader) -> float:
         """PUFFLE's D_train: the gap of this (received) model over every unit of a loader, in eval mode."""
-        units = self.dataset_parity_mass(loader)
-        return 0.0 if units is None else float(parity_gap(*units))
+        return _units_gap(self.dataset_parity_mass(loader))
+
+    def _round_seed(self, stream: int) -> int:
+        """A seed of (the client's first seed, round, stream) alone: 1 process and N processes draw the same."""
+        return int(np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, stream])
+                   .generate_state(1)[0])
 
     @property
     def global_parity_rates(self) -> torch.Tensor | None:
@@ -319,8 +323,7 @@ class FederatedClient(L.LightningModule):
         """The round's counts over the training split, noised for epsilon_stat under DP (exact without DP); the
         noise is drawn from (the client's first seed, round) alone."""
         std = None if self.dp is None else self.dp.stat_sigma * SENSITIVITY
-        seed = np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, 6]).generate_state(1)[0]
-        self.parity_fallback.release(*(units or (None, None)), std=std, seed=int(seed))
+        self.parity_fallback.release(*(units or (None, None)), std=std, seed=self._round_seed(6))
         if self.dp is not None and units is not None:
             self.dp.account_stat()
 
@@ -335,9 +338,7 @@ class FederatedClient(L.LightningModule):
             self._release_parity_counts(units)
         if tunable is None:
             return
-        d_train = (0.0 if units is None else float(parity_gap(*units))) if wants_gap else None
-        seed = np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, 5]).generate_state(1)[0]
-        tunable.begin_round(d_train, self.round_idx, int(seed))
+        tunable.begin_round(_units_gap(units) if wants_gap else None, self.round_idx, self._round_seed(5))
         self._step_gap = None
 
     def end_step(self) -> None:
@@ -505,3 +506,8 @@ class FederatedClient(L.LightningModule):
                            ema_prev=prev if u.ema_decay is not None else None, ema_decay=u.ema_decay)
         self._ufm_ema = math.nan if rep.ema is None else rep.ema
         return self._ufm_ema, rep.u, gated
+
+
+def _units_gap(units: tuple[torch.Tensor, torch.Tensor] | None) -> float:
+    """The parity gap of (mass, groups) over a whole split; 0 without any unit."""
+    return 0.0 if units is None else float(parity_gap(*units))
