@@ -43,6 +43,7 @@ from resfl_lightning.analysis.tune_rule import (
 )
 from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
+from resfl_lightning.metrics.statistics import below_utility_floor
 from resfl_lightning.resources import conf_dir
 
 
@@ -95,12 +96,14 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
 
 
 def run_values(run_dir: Path, settings: TuneSettings) -> dict | None:
-    """The rule's values of one finished run (None: it did not finish): validation utility, the fairness metric and
-    (DP methods) the largest epsilon a client spent."""
+    """The rule's values of one finished run (None: it did not finish): validation utility, whether it is below the
+    utility floor on validation (why, or None), the fairness metric and (DP methods) the largest epsilon a client
+    spent."""
     run = finished_run(run_dir)
     if run is None:
         return None
     return {"task": run.task, "utility": run.value(settings.utility[run.task]),
+            "below_floor": below_utility_floor(run.summary, settings.map50_floor, split="val"),
             "fairness": run.value(settings.fairness_metric), "epsilon": run.value("dp/epsilon_max")}
 
 
@@ -134,7 +137,13 @@ def series(runs: dict[int, dict | None], key: str) -> dict[int, float | None]:
 
 
 def trial_values(values: dict[int, dict[int, dict | None]], trial: int) -> TrialValues:
-    return TrialValues(trial, series(values[trial], "utility"), series(values[trial], "fairness"))
+    return TrialValues(trial, series(values[trial], "utility"), series(values[trial], "fairness"),
+                       series(values[trial], "below_floor"))
+
+
+def preset_values(out: Path, method: str, seeds: list[int], settings: TuneSettings) -> TrialValues:
+    """`method`'s trial 0 as run in OUT (the fairness reference's fallback; runs not there have no values)."""
+    return trial_values({0: {s: run_values(run_dir_for(out, method, 0, s), settings) for s in seeds}}, 0)
 
 
 def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,
@@ -142,7 +151,8 @@ def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]
     """The method's finished runs and the rule's selection among its trials."""
     values = {t: {s: run_values(run_dir_for(out, method, t, s), settings) for s in seeds} for t in range(len(grid))}
     limit = settings.max_increase_for(method)
-    selection = select_trial([trial_values(values, t) for t in values], seeds, limit)
+    fallback = None if limit is None else preset_values(out, settings.reference_fallback, seeds, settings)
+    selection = select_trial([trial_values(values, t) for t in values], seeds, limit, fallback)
     return MethodTuning(method, grid, trials, base, values, selection, limit)
 
 
@@ -162,25 +172,31 @@ def method_lines(t: MethodTuning, seeds: list[int], utility_name: str) -> list[s
             else "none (the preset as written)")
     constrained = t.max_increase is not None
     dp = any((v or {}).get("epsilon") is not None for runs in t.values.values() for v in runs.values())
-    extra = (["val Fairness Score (Δ vs trial 0)"] if constrained else []) + (["ε spent (max)"] if dp else [])
+    reference = t.selection.reference
+    extra = (["val Fairness Score (Δ vs reference)"] if constrained else []) + (["ε spent (max)"] if dp else [])
     lines = [f"## {t.method}", "", f"Grid: conf/tune/{t.method}.yaml. Base (applied to every trial): {base}.", "",
              "| trial | overrides | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean val {utility_name} | "
              + "".join(f"{h} | " for h in extra) + "verdict |",
              "| ---: | --- |" + " ---: |" * (len(seeds) + 1 + len(extra)) + " --- |"]
-    reference = t.trial_values(0)
     for i, (declared, run) in enumerate(zip(t.grid, t.trials)):
         util = t.series(i, "utility")
         cells = [_num(util.get(s)) for s in seeds] + [_num(mean_over(util, seeds))]
         if constrained:
             fair = mean_over(t.series(i, "fairness"), seeds)
-            increase = fairness_increase(t.trial_values(i), reference, seeds)
-            cells.append(f"{_num(fair)} ({increase:+.4f})" if math.isfinite(increase) else "n/a")
+            increase = math.nan if reference is None else fairness_increase(t.trial_values(i), reference)
+            cells.append(f"{_num(fair)} ({increase:+.4f})" if math.isfinite(increase) else _num(fair))
         if dp:
             eps = [e for e in t.series(i, "epsilon").values() if e is not None]
             cells.append(_num(max(eps), 3) if eps else "n/a")
         verdict = t.selection.verdicts.get(i, "")
         mark = "**selected**" if t.selection.selected == i else verdict
         lines.append(f"| {i} | {_trial_text(declared, run)} | " + " | ".join(cells) + f" | {mark} |")
+    if constrained:
+        ref = ("none (neither trial 0 nor the fallback preset learned with a validation Fairness Score on a tuning "
+               "seed)" if reference is None else
+               f"{reference.label} on seeds {sorted(reference.fairness)} (mean "
+               f"{mean_over(reference.fairness, sorted(reference.fairness)):.4f})")
+        lines += ["", f"Fairness reference: {ref}."]
     return [*lines, "", f"**Selection:** {t.selection.reason}. {t.outcome}", ""]
 
 
@@ -305,13 +321,17 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     out = out or tune_out(dataset, scenario, overrides)
     results = results or results_path(dataset, scenario, overrides)
     out.mkdir(parents=True, exist_ok=True)
-    bases = frozen_bases(out, dataset, methods, overrides)
+    # the fairness reference's fallback preset runs too (its trial 0 only) when a constrained method is tuned alone
+    fallback = settings.reference_fallback
+    reference_only = ([fallback] if fallback not in methods and any(settings.max_increase_for(m) is not None
+                                                                    for m in methods) else [])
+    bases = frozen_bases(out, dataset, [*methods, *reference_only], overrides)
     run_trials = {m: trials_as_run(grids[m], [*common_overrides(dataset, scenario, m), *bases[m]["overrides"], *user])
-                  for m in methods}
+                  for m in methods} | {m: [[]] for m in reference_only}
     jobs_list = [(run_dir_for(out, m, t, s),
                   run_overrides(dataset, scenario, m, s, run_dir_for(out, m, t, s), bases[m]["overrides"],
                                 run_trials[m][t], user))
-                 for s in seeds for m in methods for t in range(k)]
+                 for s in seeds for m in [*methods, *reference_only] for t in range(len(run_trials[m]))]
     stale = stale_runs(jobs_list)
     if stale:
         raise TuneError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
@@ -329,9 +349,11 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     walls = [rd / "table_wall_s.json" for rd, _ in jobs_list]
     run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
     budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
+    reference_runs = f", plus {fallback}'s preset as the fairness reference's fallback" if reference_only else ""
     header = (f"# Tuning budget: {dataset}, scenario {scenario} ({len(methods)} methods x {budget} x {len(seeds)} "
-              f"tuning seeds {seeds}; {len(jobs_list)} runs; this invocation took {total:.0f} s with --jobs {jobs}; "
-              f"the runs' own wall times sum to {run_walls:.0f} s)")
+              f"tuning seeds {seeds}{reference_runs}; {len(jobs_list)} runs; selection rule version "
+              f"{settings.version}; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall times "
+              f"sum to {run_walls:.0f} s)")
     text = tune_markdown(header, settings, tunings, seeds, task, failures)
     (out / "tune.md").write_text(text)
     (out / "selection.json").write_text(json.dumps({t.method: selection_record(t) for t in tunings}, indent=1))

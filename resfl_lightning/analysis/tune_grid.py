@@ -36,6 +36,9 @@ class TuneSettings:
     fairness_metric: str
     max_increase: float
     fairness_methods: tuple[str, ...]
+    reference_fallback: str  # the method whose trial 0 is the fairness reference where a preset has none
+    map50_floor: float  # the table's utility floor (conf/table/statistics.yaml), applied to validation
+    version: int  # rule_version: which rule a trial log was selected by
     text: str  # the file as written (quoted in the trial log)
 
     def max_increase_for(self, method: str) -> float | None:
@@ -55,14 +58,16 @@ def load_settings(path: Path | None = None) -> TuneSettings:
                                 tuple(str(k) for k in raw["fixed"]),
                                 {str(k): str(v) for k, v in rule["utility"].items()}, str(rule["fairness"]["metric"]),
                                 float(rule["fairness"]["max_increase"]),
-                                tuple(str(m) for m in rule["fairness"]["methods"]), path.read_text())
+                                tuple(str(m) for m in rule["fairness"]["methods"]),
+                                str(rule["fairness"]["reference_fallback"]), load_statistics().map50_floor,
+                                int(raw.get("rule_version", 1)), path.read_text())
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise TuneError(f"{path}: missing or malformed key {err}") from None
     if settings.trials < 1 or not settings.seeds:
         raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds non-empty")
-    unknown = sorted(set(settings.fairness_methods) - set(algorithm_presets()))
+    unknown = sorted((set(settings.fairness_methods) | {settings.reference_fallback}) - set(algorithm_presets()))
     if unknown:
-        raise TuneError(f"{path}: rule.fairness.methods: no conf/algorithm/ preset {unknown}")
+        raise TuneError(f"{path}: rule.fairness.methods / reference_fallback: no conf/algorithm/ preset {unknown}")
     return settings
 
 

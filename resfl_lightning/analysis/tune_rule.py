@@ -1,11 +1,13 @@
 """`resfl tune`'s selection rule (conf/table/tune.yaml) and how a selection joins a tuned file already there: pure
-functions of per-run values, so both can be checked on hand-made numbers before any run (docs/method.md §5a,
+functions of per-run values, so both can be checked on hand-made numbers before any run (docs/method.md,
 "Tuning budget").
 
-Per method: among the trials with a value on every tuning seed and, for a method that claims fairness, a validation
-Fairness Score at most `max_increase` above trial 0's (the mean of the per-seed differences), the highest mean
-validation utility wins; ties go to the trial listed first. Trial 0 is the untuned preset and always feasible once
-complete, so the selected trial is never below it on validation."""
+Per method: among the trials that have a value on every tuning seed and LEARNED on every one (validation utility above
+the table's utility floor) and, for a method that claims fairness, whose validation Fairness Score is at most
+`max_increase` above the reference's (the mean of the per-seed differences over the reference's seeds), the highest
+mean validation utility wins; ties go to the trial listed first. The reference is trial 0 (the untuned preset) on the
+seeds where it learned and has a Fairness Score; where it has none, FedAvg's preset on its such seeds: a preset that
+predicts one class is no yardstick for fairness (the first Adult tune, docs/results/tune-adult-iid.md)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,15 @@ class TrialValues:
     index: int
     utility: dict[int, float | None]
     fairness: dict[int, float | None] = field(default_factory=dict)  # the constrained metric (fairness methods)
+    below_floor: dict[int, str | None] = field(default_factory=dict)  # seed -> why the run did not learn (or None)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the fairness constraint compares against: a preset's Fairness Score on the seeds where it learned."""
+
+    label: str  # "trial 0" or "FedAvg's preset"
+    fairness: dict[int, float]  # seed -> value; only seeds where the preset learned and has a value
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,7 @@ class Selection:
     selected: int | None
     verdicts: dict[int, str]  # trial index -> "feasible" or why the rule excludes it
     reason: str  # one line: what was selected, or why nothing was
+    reference: Reference | None = None  # the fairness constraint's (None: unconstrained, or no reference)
 
 
 def _finite(v: float | None) -> bool:
@@ -48,45 +60,71 @@ def mean_over(values: dict[int, float | None], seeds: Sequence[int]) -> float:
     return math.nan if _missing(values, seeds) or not seeds else sum(values[s] for s in seeds) / len(seeds)
 
 
-def fairness_increase(trial: TrialValues, reference: TrialValues, seeds: Sequence[int]) -> float:
-    """Mean over the seeds of (trial - reference) in the constrained metric, paired by seed (NaN if one is missing)."""
-    return mean_over({s: trial.fairness[s] - reference.fairness[s] for s in seeds
-                      if _finite(trial.fairness.get(s)) and _finite(reference.fairness.get(s))}, seeds)
+def learned_seeds(trial: TrialValues, seeds: Sequence[int]) -> list[int]:
+    """The seeds where the trial has a utility value at or above the floor."""
+    return [s for s in seeds if _finite(trial.utility.get(s)) and trial.below_floor.get(s) is None]
 
 
-def verdict(trial: TrialValues, reference: TrialValues, seeds: Sequence[int], max_increase: float | None) -> str:
+def fairness_reference(preset: TrialValues, seeds: Sequence[int],
+                       fallback: TrialValues | None = None) -> Reference | None:
+    """Trial 0 on the seeds where it learned and has a Fairness Score; else `fallback` (FedAvg's preset) on its own
+    such seeds; None when neither has one."""
+    for label, trial in (("trial 0", preset), ("FedAvg's preset", fallback)):
+        if trial is None:
+            continue
+        values = {s: trial.fairness[s] for s in learned_seeds(trial, seeds) if _finite(trial.fairness.get(s))}
+        if values:
+            return Reference(label, values)
+    return None
+
+
+def fairness_increase(trial: TrialValues, reference: Reference) -> float:
+    """Mean over the reference's seeds of (trial - reference), paired by seed (NaN if the trial misses one)."""
+    seeds = sorted(reference.fairness)
+    return mean_over({s: trial.fairness[s] - reference.fairness[s] for s in seeds if _finite(trial.fairness.get(s))},
+                     seeds)
+
+
+def verdict(trial: TrialValues, reference: Reference | None, seeds: Sequence[int], max_increase: float | None) -> str:
     """'feasible', or the first condition the trial fails."""
     missing = _missing(trial.utility, seeds)
     if missing:
         return f"excluded: no validation utility on seeds {missing}"
+    below = [s for s in seeds if trial.below_floor.get(s) is not None]
+    if below:
+        return f"excluded: did not learn on seeds {below} ({trial.below_floor[below[0]]})"
     if max_increase is None:
         return "feasible"
-    missing = _missing(trial.fairness, seeds)
+    if reference is None:
+        return "excluded: no Fairness Score reference (neither trial 0 nor FedAvg's preset learned with one)"
+    missing = _missing(trial.fairness, sorted(reference.fairness))
     if missing:
         return f"excluded: no validation Fairness Score on seeds {missing}"
-    increase = fairness_increase(trial, reference, seeds)
+    increase = fairness_increase(trial, reference)
     if increase > max_increase + TIE_TOLERANCE:
-        return f"excluded: validation Fairness Score {increase:+.4f} vs trial 0 (> {max_increase:+g})"
+        return f"excluded: validation Fairness Score {increase:+.4f} vs {reference.label} (> {max_increase:+g})"
     return "feasible"
 
 
-def select_trial(trials: Sequence[TrialValues], seeds: Sequence[int], max_increase: float | None = None) -> Selection:
+def select_trial(trials: Sequence[TrialValues], seeds: Sequence[int], max_increase: float | None = None,
+                 fallback: TrialValues | None = None) -> Selection:
     """The rule's choice among `trials` (trial 0 first), or none with the reason. `max_increase`: the fairness
-    constraint of a method that claims fairness, None for the others."""
+    constraint of a method that claims fairness, None for the others; `fallback`: FedAvg's preset, the reference
+    when trial 0 has none."""
     if not trials or trials[0].index != 0:
         raise ValueError("select_trial: trials must start with trial 0, the untuned preset")
-    reference = trials[0]
+    reference = None if max_increase is None else fairness_reference(trials[0], seeds, fallback)
     verdicts = {t.index: verdict(t, reference, seeds, max_increase) for t in trials}
-    if verdicts[0] != "feasible":
-        return Selection(None, verdicts, f"none selected: trial 0 (the untuned preset, the reference) is incomplete "
-                                         f"({verdicts[0].removeprefix('excluded: ')})")
     feasible = [t for t in trials if verdicts[t.index] == "feasible"]
+    if not feasible:
+        return Selection(None, verdicts, "none selected: no trial has a value and learned on every tuning seed within "
+                                         "the constraint", reference)
     best = max(mean_over(t.utility, seeds) for t in feasible)
     chosen = next(t for t in feasible if mean_over(t.utility, seeds) >= best - TIE_TOLERANCE)  # ties: listed first
     tied = sum(mean_over(t.utility, seeds) >= best - TIE_TOLERANCE for t in feasible)
     note = f" (tied with {tied - 1} other trials: the first listed)" if tied > 1 else ""
     return Selection(chosen.index, verdicts,
-                     f"selected trial {chosen.index}: mean validation utility {best:.4f}{note}")
+                     f"selected trial {chosen.index}: mean validation utility {best:.4f}{note}", reference)
 
 
 def merged_tuned(existing: dict | None, selected: Sequence[str], command: str, evidence: str) -> dict | None:

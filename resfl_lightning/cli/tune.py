@@ -1,7 +1,7 @@
 """`resfl tune`: the equal tuning budget (resfl_lightning/analysis/tune.py; conf/table/tune.yaml, conf/tune/).
 
 Every method (each preset of conf/algorithm/, or --methods) gets the same number of trials over its own grid
-conf/tune/<method>.yaml (trial 0: the preset) on the tuning seeds (default 120-122, disjoint from the tables' and the
+conf/tune/<method>.yaml (trial 0: the preset) on the tuning seeds (default 123-125, disjoint from the tables' and the
 frontier's). Per method the rule picks the trial with the highest mean VALIDATION utility (accuracy, or mAP@50 for
 detection; the test split is never read); a method that claims fairness must keep its validation Fairness Score
 within the stated margin of the preset's; a DP method's epsilon is never in a grid. The selected overrides go to
@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = experiment_parser("resfl tune", __doc__, dataset="synthetic")
     p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: all)")
     p.add_argument("--seeds", default=None,
-                   help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 120,121,122)")
+                   help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 123,124,125)")
     p.add_argument("--trials", type=int, default=None,
                    help="the first K trials of every grid (default: all, the budget of conf/table/tune.yaml); every "
                    "method still gets the same number")

@@ -238,16 +238,18 @@ def majority_class_rate(labels: Sequence[int] | np.ndarray) -> float:
     return float(counts.max() / y.size)
 
 
-def below_utility_floor(summary: Mapping[str, object], map50_floor: float = 0.05) -> str | None:
+def below_utility_floor(summary: Mapping[str, object], map50_floor: float = 0.05, split: str = "test") -> str | None:
     """Why a run "did not learn" (its fairness and privacy values are then not compared), or None when it learned.
 
-    Detection: test/map_50 < map50_floor. Classification: test/accuracy <= test/majority_class_rate (the accuracy of a
-    constant prediction). A run without the utility metric is not judged here (None).
+    Detection: <split>/map_50 < map50_floor. Classification: <split>/accuracy <= <split>/majority_class_rate (the
+    accuracy of a constant prediction). A run without the utility metric is not judged here (None). `split`: "test"
+    (the table) or "val" (resfl tune, which never reads the test split).
     """
-    map50 = summary.get("test/map_50")
+    name = "" if split == "test" else f"{split} "  # the table's wording unchanged
+    map50 = summary.get(f"{split}/map_50")
     if _finite(map50):
-        return f"mAP@50 {float(map50):.3f} < {map50_floor}" if float(map50) < map50_floor else None
-    acc, majority = summary.get("test/accuracy"), summary.get("test/majority_class_rate")
+        return f"{name}mAP@50 {float(map50):.3f} < {map50_floor}" if float(map50) < map50_floor else None
+    acc, majority = summary.get(f"{split}/accuracy"), summary.get(f"{split}/majority_class_rate")
     if _finite(acc) and _finite(majority) and float(acc) <= float(majority):
-        return f"accuracy {float(acc):.3f} <= majority-class rate {float(majority):.3f}"
+        return f"{name}accuracy {float(acc):.3f} <= majority-class rate {float(majority):.3f}"
     return None

@@ -28,8 +28,10 @@ from resfl_lightning.resources import conf_dir
 SEEDS = [120, 121, 122]
 
 
-def trial(index: int, utility: list[float | None], fairness: list[float | None] | None = None) -> TrialValues:
-    return TrialValues(index, dict(zip(SEEDS, utility)), dict(zip(SEEDS, fairness or [])))
+def trial(index: int, utility: list[float | None], fairness: list[float | None] | None = None,
+          below: list[str | None] | None = None) -> TrialValues:
+    return TrialValues(index, dict(zip(SEEDS, utility)), dict(zip(SEEDS, fairness or [])),
+                       dict(zip(SEEDS, below or [])))
 
 
 def test_the_best_mean_validation_utility_wins():
@@ -46,6 +48,7 @@ def test_the_fairness_constraint_excludes_a_trial_with_better_utility():
     sel = select_trial([preset, unfair, within], SEEDS, max_increase=0.02)
     assert sel.selected == 2
     assert sel.verdicts[1] == "excluded: validation Fairness Score +0.0300 vs trial 0 (> +0.02)"
+    assert sel.reference.label == "trial 0" and sel.reference.fairness == {120: 0.10, 121: 0.12, 122: 0.11}
     assert select_trial([preset, unfair, within], SEEDS).selected == 1  # a method without the constraint
 
 
@@ -55,7 +58,7 @@ def test_ties_go_to_the_trial_listed_first_and_trial_0_wins_ties():
     assert select_trial([trial(0, [0.9] * 3), trial(1, [0.9] * 3)], SEEDS).selected == 0
 
 
-def test_missing_values_exclude_a_trial_and_an_incomplete_preset_selects_nothing():
+def test_missing_values_exclude_a_trial_and_an_incomplete_preset_only_itself():
     sel = select_trial([trial(0, [0.8] * 3, [0.1] * 3), trial(1, [0.9, None, 0.9], [0.1] * 3),
                         trial(2, [0.9, 0.9, math.nan], [0.1] * 3), trial(3, [0.95] * 3, [0.1, None, 0.1])],
                        SEEDS, max_increase=0.02)
@@ -63,10 +66,51 @@ def test_missing_values_exclude_a_trial_and_an_incomplete_preset_selects_nothing
     assert sel.verdicts[1] == "excluded: no validation utility on seeds [121]"
     assert sel.verdicts[2] == "excluded: no validation utility on seeds [122]"
     assert sel.verdicts[3] == "excluded: no validation Fairness Score on seeds [121]"
-    none = select_trial([trial(0, [0.8, None, 0.8]), trial(1, [0.9] * 3)], SEEDS)
-    assert none.selected is None and none.reason.startswith("none selected: trial 0 (the untuned preset")
+    # rule version 1 selected nothing here; version 2 excludes the incomplete preset and keeps the complete trial
+    sel = select_trial([trial(0, [0.8, None, 0.8]), trial(1, [0.9] * 3)], SEEDS)
+    assert sel.selected == 1 and sel.verdicts[0] == "excluded: no validation utility on seeds [121]"
+    none = select_trial([trial(0, [0.8, None, 0.8]), trial(1, [0.9, 0.9, None])], SEEDS)
+    assert none.selected is None and none.reason.startswith("none selected: no trial has a value and learned")
     with pytest.raises(ValueError, match="start with trial 0"):
         select_trial([trial(1, [0.9] * 3)], SEEDS)
+
+
+DEAD = "val accuracy 0.760 <= majority-class rate 0.760"
+
+
+def test_a_trial_must_learn_on_every_tuning_seed():
+    sel = select_trial([trial(0, [0.80] * 3), trial(1, [0.90, 0.90, 0.76], below=[None, None, DEAD]),
+                        trial(2, [0.81] * 3)], SEEDS)
+    assert sel.selected == 2 and sel.verdicts[1] == f"excluded: did not learn on seeds [122] ({DEAD})"
+    none = select_trial([trial(0, [0.76] * 3, below=[DEAD] * 3)], SEEDS)
+    assert none.selected is None and none.verdicts[0].startswith("excluded: did not learn on seeds [120, 121, 122]")
+
+
+def test_the_fairness_reference_is_the_preset_where_it_learned():
+    # PUFFLE's case in rule version 1: the preset has no Fairness Score on seed 120 (and did not learn on 121)
+    preset = trial(0, [0.80, 0.76, 0.80], [None, 0.0, 0.20], below=[None, DEAD, None])
+    worse = trial(1, [0.82] * 3, [0.50, 0.50, 0.23])  # +0.03 on seed 122, the only reference seed
+    within = trial(2, [0.81] * 3, [0.50, 0.50, 0.22])  # +0.02: allowed
+    sel = select_trial([preset, worse, within], SEEDS, max_increase=0.02)
+    assert sel.reference.label == "trial 0" and sel.reference.fairness == {122: 0.20}
+    assert sel.verdicts[1] == "excluded: validation Fairness Score +0.0300 vs trial 0 (> +0.02)"
+    assert sel.selected == 2 and sel.verdicts[0].startswith("excluded: did not learn on seeds [121]")
+
+
+def test_a_preset_that_never_learned_is_replaced_by_fedavgs_as_the_fairness_reference():
+    # CurvFed's case in rule version 1: a constant predictor (Fairness Score 0.0) made every learning trial "unfair"
+    constant = trial(0, [0.76] * 3, [0.0] * 3, below=[DEAD] * 3)
+    learns = trial(1, [0.82] * 3, [0.41] * 3)
+    fedavg = trial(0, [0.83] * 3, [0.40] * 3)
+    sel = select_trial([constant, learns], SEEDS, max_increase=0.02, fallback=fedavg)
+    assert sel.selected == 1 and sel.reference.label == "FedAvg's preset"
+    assert sel.reference.fairness == {120: 0.40, 121: 0.40, 122: 0.40}
+    assert select_trial([constant, trial(1, [0.82] * 3, [0.43] * 3)], SEEDS, 0.02, fedavg).verdicts[1] == (
+        "excluded: validation Fairness Score +0.0300 vs FedAvg's preset (> +0.02)")
+    alone = select_trial([constant, learns], SEEDS, max_increase=0.02)  # no fallback runs
+    assert alone.selected is None and alone.reference is None
+    assert alone.verdicts[1].startswith("excluded: no Fairness Score reference")
+    assert select_trial([constant, learns], SEEDS).selected == 1  # unconstrained: no reference needed
 
 
 ADULT_RESFL = {"selected_by": "resfl frontier --dataset adult", "evidence": ["docs/results/frontier-adult-iid-sex.md"],
@@ -97,6 +141,10 @@ def tuning(method: str = "resfl", selected_values: float = 0.85, base: dict | No
     values[1][122] = None  # a run that did not finish
     tvs = [TrialValues(t, {s: (v or {}).get("utility") for s, v in runs.items()},
                        {s: (v or {}).get("fairness") for s, v in runs.items()}) for t, runs in values.items()]
+    for runs in values.values():
+        for v in runs.values():
+            if v is not None:
+                v["below_floor"] = None
     return MethodTuning(method, grid, trials, base or {"file": None, "overrides": []}, values,
                         select_trial(tvs, SEEDS, 0.02), 0.02)
 
@@ -106,7 +154,8 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
     target.parent.mkdir(parents=True)
     target.write_text("# why the frontier chose phi\n" + yaml.safe_dump(ADULT_RESFL, sort_keys=False))
     t = tuning()
-    t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "epsilon": None}  # complete
+    t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
+                        "epsilon": None}  # complete
     assert t.selection.selected == 2
     text = plan_tuned_file(t, "adult", target, "resfl tune --dataset adult", "docs/results/tune-adult-iid.md", SEEDS)
     assert t.outcome.startswith(f"Tuned file merged into {target}: overrides adversary=strong, ")
@@ -123,7 +172,8 @@ def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: 
     # resfl_af_cluster: a method without a shipped Adult tuned file (its tuning kept the preset)
     target = tmp_path / "adult" / "resfl_af_cluster.yaml"
     preset = tuning("resfl_af_cluster", selected_values=0.80)
-    preset.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "epsilon": None}
+    preset.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
+                             "epsilon": None}
     preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
     assert preset.selection.selected == 0
     assert plan_tuned_file(preset, "adult", target, "c", "e.md", SEEDS) is None
@@ -140,12 +190,13 @@ def test_the_trial_log_lists_every_trial_with_its_seeds_mean_constraint_and_verd
     assert text.startswith("# Tuning budget: adult\n") and "```yaml\n# The equal tuning budget" in text
     assert "Base (applied to every trial): conf/tuned/adult/resfl.yaml (`adversary=strong`)." in text
     assert ("| trial | overrides | seed 120 | seed 121 | seed 122 | mean val accuracy | "
-            "val Fairness Score (Δ vs trial 0) | verdict |") in text
+            "val Fairness Score (Δ vs reference) | verdict |") in text
     assert "| 0 | (the preset) | 0.8390 | 0.8400 | 0.8410 | 0.8400 | 0.1000 (+0.0000) | feasible |" in text
     assert ("| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) | 0.8290 | 0.8300 | n/a | n/a | n/a | "
             "excluded: no validation utility on seeds [122] |") in text
     assert ("| 2 | `algorithm.lambda_fair=0.03` | 0.8490 | 0.8500 | 0.8510 | 0.8500 | 0.1100 (+0.0100) | "
             "**selected** |") in text
+    assert "Fairness reference: trial 0 on seeds [120, 121, 122] (mean 0.1000)." in text
     assert "**Selection:** selected trial 2: mean validation utility 0.8500. Tuned file written to x." in text
     assert text.rstrip().endswith("- run y failed")
 
@@ -215,7 +266,10 @@ def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path
         assert 0 < summary["val/accuracy"] < 1 and "val/fairness_score" in summary
         assert OmegaConf.load(run / "config.yaml").optim.lr == pytest.approx(0.01 / 3 if t else 0.01, rel=1e-5)
     text = results.read_text()
-    assert text.startswith("# Tuning budget: adult, scenario iid (1 methods x the first 2 of 8 trials x 1 tuning")
+    assert text.startswith("# Tuning budget: adult, scenario iid (1 methods x the first 2 of 8 trials x 1 tuning "
+                           "seeds [120], plus fedavg's preset as the fairness reference's fallback; 3 runs; "
+                           "selection rule version 2;")
+    assert (out / "fedavg-t0-s120" / "summary.json").is_file()  # the fallback reference ran beside the method
     assert "- command: `resfl tune --dataset adult --methods resfl_af_cluster --trials 2" in text
     assert "| 0 | (the preset) |" in text and "| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) |" in text
     selection = json.loads((out / "selection.json").read_text())["resfl_af_cluster"]

@@ -206,3 +206,8 @@ def test_utility_floor():
     assert "majority" in below_utility_floor({"test/accuracy": 0.75, "test/majority_class_rate": 0.75})
     assert below_utility_floor({"test/accuracy": 0.76, "test/majority_class_rate": 0.75}) is None
     assert below_utility_floor({"test/accuracy": 0.76}) is None  # no majority rate recorded: not judged
+    # resfl tune judges the validation split (never the test split's values)
+    val = {"val/accuracy": 0.75, "val/majority_class_rate": 0.75, "test/accuracy": 0.9, "test/majority_class_rate": 0.5}
+    assert below_utility_floor(val, split="val") == "val accuracy 0.750 <= majority-class rate 0.750"
+    assert below_utility_floor(val) is None
+    assert below_utility_floor({"val/map_50": 0.01, "test/map_50": 0.5}, 0.05, "val") == "val mAP@50 0.010 < 0.05"
