@@ -179,7 +179,8 @@ def build_run(cfg: DictConfig) -> Job:
         import torch
 
         torch.set_num_threads(cfg.fabric.threads_per_process)
-    data = build_federated_data(dataset, seed=cfg.seed, rank_zero=fabric.is_global_zero, printer=fabric.print)
+    data = build_federated_data(dataset, seed=cfg.seed, rank_zero=fabric.is_global_zero, printer=fabric.print,
+                                device_type=fabric.device.type)
     factory = partial(build_client, cfg, data)
     run_id = logger.version if (logger is not None and fabric.is_global_zero and cfg.logger.kind == "wandb") else ""
     # The run directory keeps the config as composed (callbacks/run_files.py): what a re-run composes compares to it.

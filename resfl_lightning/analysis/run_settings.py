@@ -55,6 +55,9 @@ def settings_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 # Where a run lives is no setting of it: a table folder may be moved and resumed from its new place.
 LOCATION_KEYS = ("run_dir",)
+# Nor is whether its batches were pinned (how fast they reach a GPU, never their values): runs saved with the old
+# default (false) match the current one (auto, which is false on a CPU).
+TRANSFER_KEYS = ("dataset.loader.pin_memory",)
 
 
 def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
@@ -66,7 +69,7 @@ def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
     saved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
-    return settings_diff(saved, now)
+    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in TRANSFER_KEYS]
 
 
 def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:

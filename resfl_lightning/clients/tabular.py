@@ -68,6 +68,12 @@ class TabularPredictions:
         return float((self.y_pred == self.y).double().mean()) if self.y.numel() else float("nan")
 
 
+def one_hot_on_device(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """F.one_hot(y, num_classes).to(dtype), the same values, without the host read of y's range that F.one_hot makes
+    on a non-CUDA device (the training step checks labels on the device instead; FederatedClient.check_batch)."""
+    return (y.unsqueeze(-1) == torch.arange(num_classes, device=y.device)).to(dtype)
+
+
 class TabularClient(FederatedClient):
     def __init__(self, num_features: int, num_groups: int, weights: LossWeights, ufm: UfmSettings,
                  optim: OptimSettings, hidden: Sequence[int] = (256, 128, 64), num_classes: int = 2,
@@ -112,17 +118,19 @@ class TabularClient(FederatedClient):
         self._check_shapes(batch)  # shapes only: no host read per step
         out = self.model(batch["x"])
         y, groups = self._checked_labels(batch["y"], batch_idx), batch["groups"]
-        onehot = F.one_hot(y, self.num_classes).to(out.alpha.dtype)
+        onehot = one_hot_on_device(y, self.num_classes, out.alpha.dtype)
         nll = dirichlet_nll(out.alpha, onehot)
         task = nll.mean() if self.row_weights is None else (self._sample_weights(batch["index"], nll) * nll).mean()
         adv = self.adversary_loss(out.features, groups, batch_idx) if self.weights.lambda_priv > 0 else task * 0.0
         kl = dirichlet_kl_uniform(out.alpha, onehot)
         correct = out.alpha.argmax(dim=-1) == y
-        # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta.
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
         fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
         parity = prediction_parity_gap(out.logits, groups, self.global_parity_rates) if self.uses_parity else None
-        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, nll[correct], parts, fair=fair,
+        # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta. Only when the
+        # curvature term is on: a boolean mask's data-dependent shape is a host synchronisation on a GPU.
+        fisher = nll[correct] if self.weights.lambda_curv > 0 else None
+        return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, fisher, parts, fair=fair,
                                  parity=parity)
 
     def _sample_weights(self, index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

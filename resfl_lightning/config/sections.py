@@ -5,7 +5,7 @@ conf/train.yaml sets the run's values. The dataset and algorithm sections are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from resfl_lightning.config import rules
@@ -153,18 +153,29 @@ class ModelConfig(Section):
 @dataclass(kw_only=True, frozen=True)
 class LoaderSettings(Section):
     """dataset.loader: DataLoader worker processes, pinned host memory (fast, non-blocking copies to a GPU) and
-    workers kept alive between epochs of one loader. Defaults keep everything in the training process."""
+    workers kept alive between epochs of one loader. Defaults keep everything in the training process; batches are
+    pinned when the run's device is CUDA (`resolved`)."""
 
     section = "dataset.loader"
     checks = (rules.loader_workers,)
 
     num_workers: int = setting(0, "DataLoader worker processes", ge=0)
-    pin_memory: bool = setting(False, "pinned host memory")
+    pin_memory: bool | str = setting("auto", "pinned host memory (auto: on when the run's device is CUDA)",
+                                     choices=(True, False, "auto"))
     persistent_workers: bool = setting(False, "keep workers alive between epochs (needs num_workers > 0)")
     prefetch_factor: int | None = setting(None, "batches each worker prepares ahead (null: torch's 2)", ge=1)
 
+    def resolved(self, device_type: str) -> LoaderSettings:
+        """These settings for a run on `device_type` (torch.device.type): pin_memory=auto pins only for "cuda", where
+        pinned batches let Fabric's non-blocking host-to-device copies overlap the step; elsewhere pinning is
+        useless (CPU) or unsupported."""
+        if self.pin_memory != "auto":
+            return self
+        return replace(self, pin_memory=device_type == "cuda")
+
     def kwargs(self) -> dict:
-        out = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+        # An unresolved auto (data built without a device, e.g. in tests) pins nothing, as on a CPU run.
+        out = {"num_workers": self.num_workers, "pin_memory": self.pin_memory is True,
                "persistent_workers": self.persistent_workers}
         if self.prefetch_factor is not None:
             out["prefetch_factor"] = self.prefetch_factor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -103,10 +103,14 @@ def instantiate_dataset(node: Any):
     return node if isinstance(node, FederatedDataset) else instantiate(node, FederatedDataset, "dataset")
 
 
-def build_federated_data(dataset: Any, seed: int, rank_zero: bool = True, printer=print):
+def build_federated_data(dataset: Any, seed: int, rank_zero: bool = True, printer=print,
+                         device_type: str | None = None):
     """The federated data of `dataset` (a FederatedDataset or its config node) for the run seed, with the
-    quality_skew scenario applied when configured."""
+    quality_skew scenario applied when configured. `device_type` (the run's torch.device.type) resolves
+    dataset.loader.pin_memory=auto; None leaves it unresolved (nothing pinned)."""
     ds = instantiate_dataset(dataset)
+    if device_type is not None and ds.loader.pin_memory == "auto":
+        ds = replace(ds, loader=ds.loader.resolved(device_type))
     data = ds.build(seed)
     if ds.quality_skew is not None:  # scenario=quality_skew
         from resfl_lightning.data.quality_skew import apply_quality_skew

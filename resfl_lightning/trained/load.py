@@ -67,7 +67,8 @@ def load_run_model(cfg: DictConfig, checkpoint: Path, fabric: Any = None) -> tup
 
     seed_all(cfg.seed)
     printer = fabric.print if fabric is not None else print
-    data = build_federated_data(cfg.dataset, seed=cfg.seed, printer=printer)  # the run's splits (same seed)
+    data = build_federated_data(cfg.dataset, seed=cfg.seed, printer=printer,  # the run's splits (same seed)
+                                device_type=fabric.device.type if fabric is not None else None)
     client = build_client(cfg, data)
     if fabric is not None:
         client = fabric.to_device(client)
