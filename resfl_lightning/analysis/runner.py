@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import runpy
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # What `resfl train` imports before its first step; the forkserver imports them once for all runs of a table.
@@ -100,17 +101,69 @@ def run_one(overrides: list[str], run_dir: Path) -> float:
     return wall
 
 
+def job_kind(run_dir: Path) -> str:
+    """The run's name without its seed (`fedavg_dp-s3-byzantine` -> `fedavg_dp-byzantine`, `puffle-t2-s121` ->
+    `puffle-t2`): the runs of one kind differ only in their seed, so they take about the same time."""
+    return re.sub(r"-s\d+(?=-|$)", "", run_dir.name)
+
+
+def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]]:
+    """The jobs in the order to start them: finished jobs first (they only report), then unfinished jobs of a kind
+    with no finished run yet (their length is unknown, so they must not come last) in the given order, then the others
+    by their kind's mean finished wall time, longest first, so that the pool does not end on one long DP run while
+    the other workers idle. Stable: equal keys keep the given order."""
+    walls: dict[str, list[float]] = {}
+    for rd, _ in jobs:
+        if is_finished(rd):
+            wall = float(json.loads((rd / "table_wall_s.json").read_text())["wall_s"])
+            walls.setdefault(job_kind(rd), []).append(wall)
+
+    def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
+        rd = job[0]
+        if is_finished(rd):
+            return 0, 0.0
+        known = walls.get(job_kind(rd))
+        return (1, 0.0) if not known else (2, -sum(known) / len(known))
+
+    return sorted(jobs, key=key)
+
+
 def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
              report: Callable[[str], None] = lambda line: print(line, flush=True)) -> list[str]:
-    """Train every (run_dir, overrides) not finished yet, `workers` at a time in the given order; returns the
+    """Train every (run_dir, overrides) not finished yet, `workers` at a time; each free worker takes the first
+    waiting job in `scheduled` order as of that moment (so the runs that finished meanwhile inform it). Returns the
     failures' messages (one failed run never stops the others)."""
     failures: list[str] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_one, overrides, rd): rd for rd, overrides in jobs}
-        for done, (fut, rd) in enumerate(futures.items(), start=1):
+    waiting = list(jobs)
+    lock = threading.Lock()
+    done = 0
+
+    def take() -> tuple[Path, list[str]] | None:
+        with lock:
+            if not waiting:
+                return None
+            names = {rd for rd, _ in waiting}
+            job = next(j for j in scheduled(jobs) if j[0] in names)
+            waiting.remove(job)
+            return job
+
+    def work() -> None:
+        nonlocal done
+        while (job := take()) is not None:
+            rd, overrides = job
             try:
-                report(f"[{done}/{len(jobs)}] {rd.name}: {fut.result():.0f} s")
+                line = f"{rd.name}: {run_one(overrides, rd):.0f} s"
             except RuntimeError as err:
-                failures.append(str(err))
-                report(f"[{done}/{len(jobs)}] FAILED: {err}")
+                line = f"FAILED: {err}"
+                with lock:
+                    failures.append(str(err))
+            with lock:
+                done += 1
+                report(f"[{done}/{len(jobs)}] {line}")
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(workers, len(jobs))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return failures

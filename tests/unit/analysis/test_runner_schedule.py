@@ -1,0 +1,77 @@
+"""The table runner's scheduling (analysis/runner.py): a free worker takes the longest waiting run it can predict,
+unknown kinds before known ones, so a table does not end on one long DP run while the other worker idles."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from resfl_lightning.analysis import runner
+
+
+def finish(rd: Path, wall: float) -> None:
+    rd.mkdir(parents=True, exist_ok=True)
+    (rd / "summary.json").write_text("{}")
+    (rd / "table_wall_s.json").write_text(json.dumps({"wall_s": wall}))
+
+
+def test_job_kind_drops_only_the_seed():
+    assert runner.job_kind(Path("o/fedavg_dp-s3")) == "fedavg_dp"
+    assert runner.job_kind(Path("o/fedavg_dp-s12-byzantine")) == "fedavg_dp-byzantine"
+    assert runner.job_kind(Path("o/puffle-t2-s121")) == "puffle-t2"
+    assert runner.job_kind(Path("o/resfl-lp0.3-strong-s104")) == "resfl-lp0.3-strong"
+
+
+def test_finished_first_then_unknown_kinds_in_order_then_longest_known_first(tmp_path: Path):
+    finish(tmp_path / "fedavg-s0", 10.0)
+    finish(tmp_path / "fedavg_dp-s0", 90.0)
+    finish(tmp_path / "resfl-s0", 20.0)
+    finish(tmp_path / "resfl-s1", 40.0)  # resfl's mean: 30
+    names = ["fedavg-s0", "fedavg-s1", "resfl-s0", "resfl-s1", "resfl-s2", "fedavg_dp-s0", "fedavg_dp-s1",
+             "curvfed-s0", "fairfed-s1"]
+    jobs = [(tmp_path / n, [n]) for n in names]
+    order = [rd.name for rd, _ in runner.scheduled(jobs)]
+    assert order == ["fedavg-s0", "resfl-s0", "resfl-s1", "fedavg_dp-s0",  # finished: report at once
+                     "curvfed-s0", "fairfed-s1",  # no finished run of their kind: as given
+                     "fedavg_dp-s1", "resfl-s2", "fedavg-s1"]  # 90 s, 30 s, 10 s
+
+
+def test_a_free_worker_takes_the_longest_run_known_when_it_asks(tmp_path: Path, monkeypatch):
+    # Two workers. Once short-s0 finished, "short" is a known short kind while "dp" is not known yet (dp-s0 still
+    # runs): dp-s1 must start before the remaining short runs although it is listed last (in the given order it would
+    # start last and run alone at the end).
+    walls = {"short": 0.01, "dp": 0.2}
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def fake_run_one(overrides, rd):
+        with lock:
+            started.append(rd.name)
+        wall = walls[rd.name.split("-")[0]]
+        time.sleep(wall)
+        finish(rd, wall)
+        return wall
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    names = ["dp-s0", "short-s0"] + [f"short-s{i}" for i in range(1, 5)] + ["dp-s1"]
+    lines: list[str] = []
+    failures = runner.run_jobs([(tmp_path / n, []) for n in names], 2, lines.append)
+    assert failures == [] and len(lines) == len(names)
+    assert started.index("dp-s1") < started.index("short-s2")
+    assert sorted(started) == sorted(names)
+
+
+def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path, monkeypatch):
+    def fake_run_one(overrides, rd):
+        if rd.name == "bad-s0":
+            raise RuntimeError(f"run {rd} failed (1)")
+        finish(rd, 0.0)
+        return 0.0
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    lines: list[str] = []
+    failures = runner.run_jobs([(tmp_path / n, []) for n in ("bad-s0", "ok-s0", "ok-s1")], 2, lines.append)
+    assert failures == [f"run {tmp_path / 'bad-s0'} failed (1)"]
+    assert sum("FAILED" in line for line in lines) == 1 and len(lines) == 3
