@@ -1,12 +1,12 @@
 """`resfl bench`: the benchmarks (resfl_lightning/benchmarks/), measured in one run: step-time ratios of the composite
 losses and of DP-SGD, aggregation cost, a federated round of the train entry point against a plain loop, the
-DEVICES=2 speed-up and the time to the first local step (round part), and peak RSS for 4 / 100 / 1,000 virtual
-clients (scale part). --quick runs every part at a tiny size (a femto detector at 64 px, 1 round, 4 and 20 virtual
-clients on 2,000 rows): a smoke test of the machinery, not a measurement.
+DEVICES=2 speed-up and the time to the first local step (round part), and per-step time and peak RSS for 4 / 1,000 /
+10,000 virtual clients at 1 % participation (scale part). --quick runs every part at a tiny size (a femto detector at
+64 px, 1 round; 4 and 20 virtual clients of 64 rows, 2 rounds): a smoke test of the machinery, not a measurement.
 
 One part alone:
   resfl bench round [--quick] [--rounds 2]                       the round part
-  resfl bench scale [--rounds 3] [--fraction 0.1] [--counts ...]   the scale part
+  resfl bench scale [--rounds 3] [--fraction 0.01] [--counts ...]  the scale part
   resfl bench aggregation [--counts 10 100] [--device cpu]        each rule's aggregation time per round
   resfl bench csv [--rows 1000000] [--columns 50]                 dataset=csv load + partition time
 """
@@ -30,7 +30,8 @@ def all_parts(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--scale-rounds", type=int, default=3, help="rounds per virtual-client run (0 skips that part)")
+    p.add_argument("--scale-rounds", type=int, default=3,
+                   help="rounds per virtual-client run, the first a warm-up (0 skips that part)")
     p.add_argument("--round-rounds", type=int, default=2,
                    help="rounds of the entry-point runs (the last is measured; 0 skips the round part)")
     p.add_argument("--quick", action="store_true", help="every part at a tiny size (a smoke test, not a measurement)")
@@ -41,11 +42,11 @@ def all_parts(argv: list[str]) -> int:
     from resfl_lightning.benchmarks import scale as bench_scale
     from resfl_lightning.benchmarks.steps import aggregation_table, dp_table, step_table, synthetic_batch
 
-    scale_counts, scale_rows = (4, 100, 1000), bench_scale.ROWS
+    scale_counts, scale_rows = bench_scale.COUNTS, bench_scale.ROWS_PER_CLIENT
     if args.quick:
         args.scale, args.image_size, args.batch, args.steps, args.clients = "femto", 64, 2, 2, 2
-        args.scale_rounds, args.round_rounds = min(args.scale_rounds, 1), min(args.round_rounds, 1)
-        scale_counts, scale_rows = (4, 20), 2000
+        args.scale_rounds, args.round_rounds = min(args.scale_rounds, 2), min(args.round_rounds, 1)
+        scale_counts, scale_rows = (4, 20), 64
     torch.set_num_threads(1)
     batch = synthetic_batch(args.image_size, args.batch)
     console = _console()
@@ -55,8 +56,8 @@ def all_parts(argv: list[str]) -> int:
     if args.round_rounds > 0:
         console.print(bench_round.table(bench_round.measure(quick=args.quick, rounds=args.round_rounds)))
     if args.scale_rounds > 0:
-        console.print(bench_scale.table(bench_scale.measure(scale_counts, fraction=0.1, rounds=args.scale_rounds,
-                                                            rows=scale_rows)))
+        console.print(bench_scale.table(bench_scale.measure(scale_counts, fraction=bench_scale.FRACTION,
+                                                            rounds=args.scale_rounds, rows_per_client=scale_rows)))
     return 0
 
 
@@ -77,13 +78,14 @@ def scale_part(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="resfl bench scale", description=bench_scale.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--fraction", type=float, default=0.1)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--rows", type=int, default=bench_scale.ROWS, help="rows of the Adult-shaped table")
-    p.add_argument("--counts", type=int, nargs="+", default=[4, 100, 1000], help="numbers of virtual clients")
+    p.add_argument("--fraction", type=float, default=bench_scale.FRACTION, help="clients sampled per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per run (>= 2; the first is a warm-up)")
+    p.add_argument("--rows", type=int, default=bench_scale.ROWS_PER_CLIENT, help="Adult-shaped rows a client")
+    p.add_argument("--counts", type=int, nargs="+", default=list(bench_scale.COUNTS),
+                   help="numbers of virtual clients (the first is the baseline of the ratios)")
     args = p.parse_args(argv)
     _console().print(bench_scale.table(bench_scale.measure(tuple(args.counts), fraction=args.fraction,
-                                                           rounds=args.rounds, rows=args.rows)))
+                                                           rounds=args.rounds, rows_per_client=args.rows)))
     return 0
 
 

@@ -236,6 +236,7 @@ class Federation:
                 epoch_end=best)
         client.before_upload(val_loader)  # PrivFairFL-Pre: perturb and calibrate the logit layer (no-op otherwise)
         t1 = time.perf_counter()
+        times.train += t1 - t0  # counted with the steps, also when the client is dropped after its training
         validated = self.clients_validate(round_idx)  # always with keep_best_epoch
         if best is not None:
             result = best.restore()
@@ -255,7 +256,6 @@ class Federation:
             ema, u, gated = math.nan, math.nan, False
         fim = client.validation_fim(val_loader, iters=s.fim_iters) if s.report_fim else math.nan
         t2 = time.perf_counter()
-        times.train += t1 - t0
         times.validate += t2 - t1
         report = ClientReport(
             client_id=client_id, num_samples=self.data.num_train(client_id), ufm_raw=result.ufm_raw, ufm_ema=ema,

@@ -72,7 +72,7 @@ def test_step_time_aggregation_and_scale_rows(printed):
         _positive(printed[variant][1])
     _positive(printed["seconds per folded client delta"][0])
     _positive(printed["throughput (client deltas folded per second)"][0])
-    for n in ("4", "20"):  # N, k, steps, s/step, vs N=4, vs plain, states, RSS MB, RSS vs N=4
+    for n in ("4", "20"):  # N, k, steps, s/step, vs N=4, vs plain, s/client, vs N=4, states, RSS MB, RSS vs N=4
         for cell in printed[n]:
             _positive(cell)
 

@@ -74,6 +74,34 @@ def test_each_fault_drops_only_that_client(fault, clean, tmp_path):
     assert fed.client_states.get(1) is None and fed.client_states.get(0) is not None
 
 
+def test_a_client_dropped_at_its_evaluation_counts_its_training_time_with_its_steps(tmp_path):
+    """time/steps counts every trained client's steps, so time/train must count every trained client's time (the
+    10,000-client benchmark printed its steps with 0.0 s when every client's evaluation raised: 3 rows a client, no
+    validation row). A fake clock advances 1 s a reading: each client's training window is exactly 1 s."""
+    from itertools import count
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from resfl_lightning.federation import orchestrator
+
+    evaluate = TabularClient.evaluate
+
+    def evaluate_or_raise(self, loader):
+        if self.client_id == 1:
+            raise ValueError("TabularClient.collect: the loader yielded no batches")
+        return evaluate(self, loader)
+
+    clock = count()
+    with mock.patch.object(orchestrator, "time", SimpleNamespace(perf_counter=lambda: float(next(clock)))), \
+            mock.patch.object(TabularClient, "evaluate", evaluate_or_raise), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, _, rec = run_federation(tmp_path, num_clients=2)
+    assert any("client 1, round 0: dropped" in d for d in _drops(w))
+    m = rec.metrics[0]
+    assert m["round/dropped"] == 1.0 and m["time/steps"] > 0
+    assert m["time/train"] == 2.0 and m["time/validate"] == 1.0  # both clients trained; one finished validating
+
+
 def test_quorum_skips_the_round_and_keeps_theta(clean, tmp_path):
     _, clean_rec = clean
     with warnings.catch_warnings(record=True) as caught:
