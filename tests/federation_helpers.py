@@ -36,11 +36,12 @@ def client_factory():
 
 
 class Recorder:
-    """Keeps every round's metrics and every aggregated client's delta."""
+    """Keeps every round's metrics and every aggregated client's delta and report."""
 
     def __init__(self):
         self.metrics: list[dict] = []
         self.deltas: dict[tuple[int, int], object] = {}
+        self.reports: list = []
         self.thetas: list = []
         self.initial = None
 
@@ -49,6 +50,7 @@ class Recorder:
 
     def on_client_end(self, round_idx, report, delta):
         self.deltas[(round_idx, report.client_id)] = delta.clone()
+        self.reports.append(report)
 
     def on_metrics(self, metrics, state):
         self.metrics.append(dict(metrics))

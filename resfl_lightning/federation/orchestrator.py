@@ -47,6 +47,14 @@ UpdateTransform = Callable[[int, int, torch.Tensor], torch.Tensor]  # (client_id
 NOT_VALIDATED = EvalResult(ufm_raw=math.nan, utility=math.nan, utility50=math.nan, eval_loss=math.nan)
 
 
+def has_items(loader) -> bool:
+    """Whether a (map-style) loader has anything to evaluate; an iterable without a length counts as non-empty."""
+    try:
+        return len(loader.dataset) > 0
+    except TypeError:
+        return True
+
+
 class SimulatedCrash(RuntimeError):
     """Raised after a checkpoint when debug.crash_after_round is set (to test resume)."""
 
@@ -238,10 +246,15 @@ class Federation:
         t1 = time.perf_counter()
         times.train += t1 - t0  # counted with the steps, also when the client is dropped after its training
         validated = self.clients_validate(round_idx)  # always with keep_best_epoch
+        measured = validated and has_items(val_loader)
         if best is not None:
             result = best.restore()
-        elif validated:
+        elif measured:
             result = client.evaluate(val_loader)
+        elif validated:  # dataset.small_clients=warn keeps clients without a validation item: nothing to measure,
+            # so u is insufficient_u (as with too few groups) and the update still counts; the loader's draw is kept
+            iter(val_loader)
+            result = NOT_VALIDATED
         else:  # skipped; its one torch RNG draw (the loader's base seed) is kept, so the Fisher's random start and
             # every later draw are the same as when the clients validate
             iter(val_loader)
@@ -268,7 +281,7 @@ class Federation:
         )
         report, delta = self.faults.after_training(client_id, round_idx, report, delta)
         score = None if self.aggregator.gathers_all else self.aggregator.score(report)
-        check_update(report, delta, score, client_id, round_idx, validated=validated)
+        check_update(report, delta, score, client_id, round_idx, validated=measured)
         # Only a usable round updates the client's own state: a dropped client keeps its previous one.
         self.client_states.put(client_id, round_idx, client.export_local_state())
         return report, delta
@@ -289,7 +302,7 @@ class Federation:
         report modes, attacks/robustness.py) decides it; `validate_sent` evaluates theta_G + the update it sends."""
         def validate_sent():
             layout.load(client, state.theta + delta, state.int_buffers)
-            return client.evaluate(val_loader)
+            return client.evaluate(val_loader) if has_items(val_loader) else NOT_VALIDATED
 
         for transform in self.update_transforms:
             if hasattr(transform, "report"):
