@@ -112,15 +112,15 @@ def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]
     with no finished run yet (their length is unknown, so they must not come last) in the given order, then the others
     by their kind's mean finished wall time, longest first, so that the pool does not end on one long DP run while
     the other workers idle. Stable: equal keys keep the given order."""
+    finished = {rd for rd, _ in jobs if is_finished(rd)}
     walls: dict[str, list[float]] = {}
-    for rd, _ in jobs:
-        if is_finished(rd):
-            wall = float(json.loads((rd / "table_wall_s.json").read_text())["wall_s"])
-            walls.setdefault(job_kind(rd), []).append(wall)
+    for rd in finished:
+        wall = float(json.loads((rd / "table_wall_s.json").read_text())["wall_s"])
+        walls.setdefault(job_kind(rd), []).append(wall)
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
-        if is_finished(rd):
+        if rd in finished:
             return 0, 0.0
         known = walls.get(job_kind(rd))
         return (1, 0.0) if not known else (2, -sum(known) / len(known))

@@ -147,11 +147,11 @@ def preset_values(out: Path, method: str, seeds: list[int], settings: TuneSettin
 
 
 def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,
-                seeds: list[int], settings: TuneSettings) -> MethodTuning:
-    """The method's finished runs and the rule's selection among its trials."""
+                seeds: list[int], settings: TuneSettings, fallback: TrialValues | None = None) -> MethodTuning:
+    """The method's finished runs and the rule's selection among its trials (`fallback`: the fairness reference's
+    fallback preset, `preset_values`)."""
     values = {t: {s: run_values(run_dir_for(out, method, t, s), settings) for s in seeds} for t in range(len(grid))}
     limit = settings.max_increase_for(method)
-    fallback = None if limit is None else preset_values(out, settings.reference_fallback, seeds, settings)
     selection = select_trial([trial_values(values, t) for t in values], seeds, limit, fallback)
     return MethodTuning(method, grid, trials, base, values, selection, limit)
 
@@ -338,7 +338,8 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
                         "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
     t0 = time.perf_counter()
     failures = run_jobs(jobs_list, jobs)
-    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings) for m in methods]
+    reference = preset_values(out, fallback, seeds, settings)  # read once, for every constrained method
+    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings, reference) for m in methods]
     tasks = {v["task"] for t in tunings for runs in t.values.values() for v in runs.values() if v is not None}
     task = tasks.pop() if len(tasks) == 1 else "classification"
     tuned_root = tuned_dir or conf_dir() / "tuned"

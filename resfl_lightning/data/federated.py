@@ -109,7 +109,7 @@ def build_federated_data(dataset: Any, seed: int, rank_zero: bool = True, printe
     quality_skew scenario applied when configured. `device_type` (the run's torch.device.type) resolves
     dataset.loader.pin_memory=auto; None leaves it unresolved (nothing pinned)."""
     ds = instantiate_dataset(dataset)
-    if device_type is not None and ds.loader.pin_memory == "auto":
+    if device_type is not None:
         ds = replace(ds, loader=ds.loader.resolved(device_type))
     data = ds.build(seed)
     if ds.quality_skew is not None:  # scenario=quality_skew

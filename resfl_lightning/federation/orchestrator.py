@@ -251,12 +251,9 @@ class Federation:
             result = best.restore()
         elif measured:
             result = client.evaluate(val_loader)
-        elif validated:  # dataset.small_clients=warn keeps clients without a validation item: nothing to measure,
-            # so u is insufficient_u (as with too few groups) and the update still counts; the loader's draw is kept
-            iter(val_loader)
-            result = NOT_VALIDATED
-        else:  # skipped; its one torch RNG draw (the loader's base seed) is kept, so the Fisher's random start and
-            # every later draw are the same as when the clients validate
+        else:  # skipped, or no validation item (dataset.small_clients=warn: u is then insufficient_u, as with too
+            # few groups, and the update still counts); the loader's one torch RNG draw (its base seed) is kept, so
+            # the Fisher's random start and every later draw are the same as when the clients validate
             iter(val_loader)
             result = NOT_VALIDATED
         delta = layout.flatten(client) - state.theta
