@@ -31,9 +31,12 @@ def test_train_entry_point_on_adult(algorithm, shared_data, tmp_path):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
-    tuned = f"conf/tuned/adult/{algorithm}.yaml"  # each method's Adult setting (resfl tune; RESFL's frontier phi)
+    tuned = f"conf/tuned/adult/{algorithm}.yaml"  # the method's Adult setting where one is shipped (resfl tune / frontier)
     saved = (run_dir / "config.yaml").read_text()
-    assert f"tuned: {tuned} applied" in proc.stdout and f"tuned_file: {tuned}" in saved
+    if (REPO / tuned).is_file():
+        assert f"tuned: {tuned} applied" in proc.stdout and f"tuned_file: {tuned}" in saved
+    else:
+        assert "tuned: " not in proc.stdout and "tuned_file: null" in saved
     for key in ("test/accuracy", "test/abs_one_minus_di", "test/delta_eop", "test/eo_gap", "test/ufm"):
         assert key in summary and summary[key] is not None and math.isfinite(summary[key]), key
     assert summary["test/accuracy"] > MAJORITY_RATE + 0.04  # clearly better than the constant classifier
