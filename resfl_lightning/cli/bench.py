@@ -38,6 +38,7 @@ def all_parts(argv: list[str]) -> int:
     args = p.parse_args(argv)
     import torch
 
+    from resfl_lightning.benchmarks import dp_tabular
     from resfl_lightning.benchmarks import round as bench_round
     from resfl_lightning.benchmarks import scale as bench_scale
     from resfl_lightning.benchmarks.steps import aggregation_table, dp_table, step_table, synthetic_batch
@@ -52,6 +53,7 @@ def all_parts(argv: list[str]) -> int:
     console = _console()
     console.print(step_table(args.scale, args.image_size, batch, args.steps))
     console.print(dp_table(args.scale, args.image_size, batch, args.steps))
+    console.print(dp_tabular.table(args.steps * 3, batch_size=32 if args.quick else dp_tabular.ADULT_BATCH))
     console.print(aggregation_table(args.scale, args.image_size, args.clients))
     if args.round_rounds > 0:
         console.print(bench_round.table(bench_round.measure(quick=args.quick, rounds=args.round_rounds)))

@@ -28,12 +28,13 @@ from torch import nn
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
-from resfl_lightning.privacy import gaussian
+from resfl_lightning.privacy import gaussian, grad_sample_store
 from resfl_lightning.privacy.budget import budget_parts
 from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
 from resfl_lightning.privacy.signal import median_noise_to_signal
 
 ACCOUNTANTS = ("prv", "rdp", "gdp")
+grad_sample_store.install()  # opacus' per-sample gradients without its zero-filled copy; bitwise the same
 # opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows

@@ -31,7 +31,7 @@ def test_train_entry_point_on_adult(algorithm, shared_data, tmp_path):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
-    tuned = f"conf/tuned/adult/{algorithm}.yaml"  # the method's Adult setting where one is shipped (resfl tune / frontier)
+    tuned = f"conf/tuned/adult/{algorithm}.yaml"  # the method's shipped Adult setting, if any
     saved = (run_dir / "config.yaml").read_text()
     if (REPO / tuned).is_file():
         assert f"tuned: {tuned} applied" in proc.stdout and f"tuned_file: {tuned}" in saved

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from resfl_lightning.benchmarks import dp_tabular
 from resfl_lightning.benchmarks import round as bench_round
 from resfl_lightning.benchmarks.steps import VARIANTS
 from resfl_lightning.cli import bench
@@ -87,3 +88,12 @@ def test_dp_step_rows(printed):
         for cell in printed[label][:3]:
             _positive(cell)
     assert printed[labels[0]][1] == "1.00x" and printed[labels[1]][2] == "1.00x"
+
+
+def test_tabular_dp_step_rows(printed):
+    """The Adult-MLP DP-SGD table: no DP, opacus' per-sample gradient storage, the simulator's; ratios against both."""
+    for label in dp_tabular.ROWS.values():
+        assert label in printed, (label, sorted(printed))
+        for cell in printed[label]:
+            _positive(cell)
+    assert printed[dp_tabular.ROWS["none"]][1] == "1.0x" and printed[dp_tabular.ROWS["opacus"]][2] == "1.00x"
