@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -143,7 +143,8 @@ def trial_values(values: dict[int, dict[int, dict | None]], trial: int) -> Trial
 
 def preset_values(out: Path, method: str, seeds: list[int], settings: TuneSettings) -> TrialValues:
     """`method`'s trial 0 as run in OUT (the fairness reference's fallback; runs not there have no values)."""
-    return trial_values({0: {s: run_values(run_dir_for(out, method, 0, s), settings) for s in seeds}}, 0)
+    values = trial_values({0: {s: run_values(run_dir_for(out, method, 0, s), settings) for s in seeds}}, 0)
+    return replace(values, method=method)
 
 
 def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,

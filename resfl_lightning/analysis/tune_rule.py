@@ -6,8 +6,9 @@ Per method: among the trials that have a value on every tuning seed and LEARNED 
 the table's utility floor) and, for a method that claims fairness, whose validation Fairness Score is at most
 `max_increase` above the reference's (the mean of the per-seed differences over the reference's seeds), the highest
 mean validation utility wins; ties go to the trial listed first. The reference is trial 0 (the untuned preset) on the
-seeds where it learned and has a Fairness Score; where it has none, FedAvg's preset on its such seeds: a preset that
-predicts one class is no yardstick for fairness (the first Adult tune, docs/results/tune-adult-iid.md)."""
+seeds where it learned and has a Fairness Score; where it has none, the fallback method's preset (FedAvg's in
+conf/table/tune.yaml) on its such seeds: a preset that predicts one class is no yardstick for fairness (the first
+Adult tune, docs/results/tune-adult-iid.md)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ class TrialValues:
     utility: dict[int, float | None]
     fairness: dict[int, float | None] = field(default_factory=dict)  # the constrained metric (fairness methods)
     below_floor: dict[int, str | None] = field(default_factory=dict)  # seed -> why the run did not learn (or None)
+    method: str | None = None  # whose trial it is, where it is another method's (the fairness fallback)
 
 
 @dataclass(frozen=True)
 class Reference:
     """What the fairness constraint compares against: a preset's Fairness Score on the seeds where it learned."""
 
-    label: str  # "trial 0" or "FedAvg's preset"
+    label: str  # "trial 0" or "<fallback method>'s preset"
     fairness: dict[int, float]  # seed -> value; only seeds where the preset learned and has a value
 
 
@@ -67,15 +69,19 @@ def learned_seeds(trial: TrialValues, seeds: Sequence[int]) -> list[int]:
 
 def fairness_reference(preset: TrialValues, seeds: Sequence[int],
                        fallback: TrialValues | None = None) -> Reference | None:
-    """Trial 0 on the seeds where it learned and has a Fairness Score; else `fallback` (FedAvg's preset) on its own
-    such seeds; None when neither has one."""
-    for label, trial in (("trial 0", preset), ("FedAvg's preset", fallback)):
+    """Trial 0 on the seeds where it learned and has a Fairness Score; else `fallback` (another method's preset) on
+    its own such seeds; None when neither has one."""
+    for label, trial in (("trial 0", preset), (fallback_label(fallback), fallback)):
         if trial is None:
             continue
         values = {s: trial.fairness[s] for s in learned_seeds(trial, seeds) if _finite(trial.fairness.get(s))}
         if values:
             return Reference(label, values)
     return None
+
+
+def fallback_label(fallback: TrialValues | None) -> str:
+    return f"{fallback.method}'s preset" if fallback is not None and fallback.method else "the fallback preset"
 
 
 def fairness_increase(trial: TrialValues, reference: Reference) -> float:
@@ -96,7 +102,7 @@ def verdict(trial: TrialValues, reference: Reference | None, seeds: Sequence[int
     if max_increase is None:
         return "feasible"
     if reference is None:
-        return "excluded: no Fairness Score reference (neither trial 0 nor FedAvg's preset learned with one)"
+        return "excluded: no Fairness Score reference (no preset learned with one)"
     missing = _missing(trial.fairness, sorted(reference.fairness))
     if missing:
         return f"excluded: no validation Fairness Score on seeds {missing}"
@@ -109,8 +115,8 @@ def verdict(trial: TrialValues, reference: Reference | None, seeds: Sequence[int
 def select_trial(trials: Sequence[TrialValues], seeds: Sequence[int], max_increase: float | None = None,
                  fallback: TrialValues | None = None) -> Selection:
     """The rule's choice among `trials` (trial 0 first), or none with the reason. `max_increase`: the fairness
-    constraint of a method that claims fairness, None for the others; `fallback`: FedAvg's preset, the reference
-    when trial 0 has none."""
+    constraint of a method that claims fairness, None for the others; `fallback`: another method's preset (its
+    `method` set), the reference when trial 0 has none."""
     if not trials or trials[0].index != 0:
         raise ValueError("select_trial: trials must start with trial 0, the untuned preset")
     reference = None if max_increase is None else fairness_reference(trials[0], seeds, fallback)

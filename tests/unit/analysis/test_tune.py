@@ -3,6 +3,7 @@ as `resfl train` loads it, the trial log, each run's composed settings, and (slo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -101,12 +102,12 @@ def test_a_preset_that_never_learned_is_replaced_by_fedavgs_as_the_fairness_refe
     # CurvFed's case in rule version 1: a constant predictor (Fairness Score 0.0) made every learning trial "unfair"
     constant = trial(0, [0.76] * 3, [0.0] * 3, below=[DEAD] * 3)
     learns = trial(1, [0.82] * 3, [0.41] * 3)
-    fedavg = trial(0, [0.83] * 3, [0.40] * 3)
+    fedavg = dataclasses.replace(trial(0, [0.83] * 3, [0.40] * 3), method="fedavg")
     sel = select_trial([constant, learns], SEEDS, max_increase=0.02, fallback=fedavg)
-    assert sel.selected == 1 and sel.reference.label == "FedAvg's preset"
+    assert sel.selected == 1 and sel.reference.label == "fedavg's preset"
     assert sel.reference.fairness == {120: 0.40, 121: 0.40, 122: 0.40}
     assert select_trial([constant, trial(1, [0.82] * 3, [0.43] * 3)], SEEDS, 0.02, fedavg).verdicts[1] == (
-        "excluded: validation Fairness Score +0.0300 vs FedAvg's preset (> +0.02)")
+        "excluded: validation Fairness Score +0.0300 vs fedavg's preset (> +0.02)")
     alone = select_trial([constant, learns], SEEDS, max_increase=0.02)  # no fallback runs
     assert alone.selected is None and alone.reference is None
     assert alone.verdicts[1].startswith("excluded: no Fairness Score reference")
