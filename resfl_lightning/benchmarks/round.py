@@ -27,7 +27,7 @@ from pathlib import Path
 
 OUT_ENV, T0_ENV, PLAIN_ENV = "RESFL_BENCH_ROUND_OUT", "RESFL_BENCH_ROUND_T0", "RESFL_BENCH_ROUND_PLAIN"
 CHILD_MODULE = "resfl_lightning.cli.bench_round_child"  # instrumented_run around the train entry point
-OVERHEAD_TARGET, SPEEDUP_TARGET = 1.05, 1.8
+OVERHEAD_TARGET, SPEEDUP_TARGET = 1.03, 1.8  # issue 27's round-overhead goal; DEVICES=2 speed-up
 
 # Row labels of the printed table (tests/unit/benchmarks/test_bench.py looks them up).
 ROW_WALL = "round wall time, DEVICES=1"

@@ -63,7 +63,7 @@ def test_round_overhead_devices_and_first_step_rows(printed):
         _positive(printed[label.strip()][0])
     assert printed[bench_round.ROW_PLAIN][1] == "8 steps"  # the same steps as the measured round (4 clients x 2)
     assert printed[bench_round.ROW_WALL2][1] == "2 processes (gloo)"
-    assert re.fullmatch(r"<= 1\.05x: (met|not met)", printed[bench_round.ROW_OVERHEAD][1])
+    assert re.fullmatch(r"<= 1\.03x: (met|not met)", printed[bench_round.ROW_OVERHEAD][1])
     assert re.fullmatch(r">= 1\.80x: (met|not met)", printed[bench_round.ROW_SPEEDUP][1])
 
 
