@@ -210,6 +210,9 @@ def tune_markdown(header: str, settings: TuneSettings, tunings: list[MethodTunin
              "union of the clients' validation splits; the test split is never read), their mean, the constraint "
              "values and the rule's verdict. Scaled grid values (`key*=f`) are shown as run, the grid's entry in "
              "brackets.", ""]
+    if len(seeds) == 1:
+        lines += [f"One tuning seed ({seeds[0]}): \"learned on every tuning seed\" is a single-seed check and the mean "
+                  "is one run's value.", ""]
     for t in tunings:
         lines += method_lines(t, seeds, name)
     if failures:
@@ -310,7 +313,7 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     unknown = [m for m in methods if m not in presets]
     if unknown:
         raise TuneError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
-    seeds = checked_seeds(list(settings.seeds if seeds is None else seeds))
+    seeds = checked_seeds(list(settings.seeds_for(dataset) if seeds is None else seeds))
     k = settings.trials if trials is None else trials
     if not 1 <= k <= settings.trials:
         raise TuneError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")

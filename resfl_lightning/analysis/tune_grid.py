@@ -40,9 +40,14 @@ class TuneSettings:
     map50_floor: float  # the table's utility floor (conf/table/statistics.yaml), applied to validation
     version: int  # rule_version: which rule a trial log was selected by
     text: str  # the file as written (quoted in the trial log)
+    seeds_by_dataset: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a dataset's own tuning seeds, where declared
 
     def max_increase_for(self, method: str) -> float | None:
         return self.max_increase if method in self.fairness_methods else None
+
+    def seeds_for(self, dataset: str) -> tuple[int, ...]:
+        """`dataset`'s tuning seeds: its entry of tuning_seeds_by_dataset, else tuning_seeds."""
+        return dict(self.seeds_by_dataset).get(dataset, self.seeds)
 
 
 def settings_file() -> Path:
@@ -60,11 +65,14 @@ def load_settings(path: Path | None = None) -> TuneSettings:
                                 float(rule["fairness"]["max_increase"]),
                                 tuple(str(m) for m in rule["fairness"]["methods"]),
                                 str(rule["fairness"]["reference_fallback"]), load_statistics().map50_floor,
-                                int(raw.get("rule_version", 1)), path.read_text())
+                                int(raw.get("rule_version", 1)), path.read_text(),
+                                tuple((str(d), tuple(int(s) for s in seeds))
+                                      for d, seeds in (raw.get("tuning_seeds_by_dataset") or {}).items()))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise TuneError(f"{path}: missing or malformed key {err}") from None
-    if settings.trials < 1 or not settings.seeds:
-        raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds non-empty")
+    if settings.trials < 1 or not settings.seeds or not all(seeds for _, seeds in settings.seeds_by_dataset):
+        raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds (and each tuning_seeds_by_dataset entry) "
+                        "non-empty")
     unknown = sorted((set(settings.fairness_methods) | {settings.reference_fallback}) - set(algorithm_presets()))
     if unknown:
         raise TuneError(f"{path}: rule.fairness.methods / reference_fallback: no conf/algorithm/ preset {unknown}")

@@ -284,3 +284,21 @@ def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path
     assert main(args) == 0  # resumable: nothing is trained again, and the same file is written
     assert (out / "resfl_af_cluster-t0-s120" / "table_wall_s.json").read_text() == before
     assert not (conf_dir() / "tuned" / "adult" / "resfl_af_cluster.yaml").exists()  # --tuned-dir: repository clean
+
+
+def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
+    from resfl_lightning.analysis.tune_grid import reserved_seeds, settings_file
+
+    shipped = load_settings()
+    assert shipped.seeds_for("adult") == shipped.seeds == (123, 124, 125)
+    assert shipped.seeds_for("synthetic") == (123,) and not set(shipped.seeds_for("synthetic")) & reserved_seeds()
+    raw = yaml.safe_load(settings_file().read_text())
+    raw["tuning_seeds_by_dataset"] = {"facet": []}
+    bad = tmp_path / "tune.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(TuneError, match="tuning_seeds_by_dataset entry"):
+        load_settings(bad)
+    t = tuning("fedavg")
+    one = tune_markdown("# t", shipped, [t], [123], "detection", [])
+    assert 'One tuning seed (123): "learned on every tuning seed" is a single-seed check' in one
+    assert "One tuning seed" not in tune_markdown("# t", shipped, [t], SEEDS, "detection", [])
