@@ -6,12 +6,12 @@ batch 256, the dataset recipe's), without DP-SGD, with opacus' own per-sample gr
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 from rich.table import Table
 
 import resfl_lightning.env  # noqa: F401
+from resfl_lightning.benchmarks.steps import timed_steps
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.privacy import grad_sample_store
@@ -48,17 +48,9 @@ def step_times(variant: str, steps: int, batch_size: int = ADULT_BATCH) -> list[
         opt = client.configure_optimizers()
         if variant != "none":
             opt.noise_multiplier, opt.expected_batch_size = 1.0, batch_size
-        times = []
-        for i in range(steps + 2):
-            t0 = time.perf_counter()
-            loss = client.training_step(batch, i)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            times.append(time.perf_counter() - t0)
+        return timed_steps(client, opt, batch, steps)
     finally:
         grad_sample_store.install()
-    return times[2:]
 
 
 def table(steps: int, batch_size: int = ADULT_BATCH) -> Table:

@@ -50,7 +50,7 @@ def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, s
     return timed_steps(client, client.configure_optimizers(), batch, steps)
 
 
-def timed_steps(client: DetectionClient, opt, batch: dict, steps: int) -> list[float]:
+def timed_steps(client, opt, batch: dict, steps: int) -> list[float]:
     """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps."""
     times = []
     for i in range(steps + 2):
