@@ -26,6 +26,12 @@ PRELOAD = ("resfl_lightning.cli.train", "resfl_lightning.builders", "callbacks",
            "ultralytics.utils.loss", "opacus", "sklearn.linear_model", "scipy.stats")
 LAUNCH_ENV = "RESFL_TABLE_LAUNCH"
 ENTRY_MODULE = "resfl_lightning.train"  # run, not imported: the launcher executes the command as a user would
+LOST_STATUS = 255  # popen_forkserver's returncode when the forkserver's report of the child's status is lost
+
+
+def exit_file(log_path: str) -> str:
+    """Where the forked child records its exit code (beside its log)."""
+    return log_path + ".exit"
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -57,6 +63,7 @@ def _train_child(overrides: list[str], log_path: str) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    Path(exit_file(log_path)).write_text(str(code))  # the status a lost forkserver report cannot take away
     os._exit(code)  # skip interpreter teardown: the run's files are closed, and atexit hooks belong to the parent
 
 
@@ -78,9 +85,15 @@ def _launch(overrides: list[str], log: Path) -> int:
 
         with log.open("w") as fh:
             return subprocess.run(train_command(overrides), stdout=fh, stderr=subprocess.STDOUT, text=True).returncode
+    status = Path(exit_file(str(log)))
+    status.unlink(missing_ok=True)
     proc = _forkserver().Process(target=_train_child, args=(list(overrides), str(log)))
     proc.start()
     proc.join()
+    if proc.exitcode == LOST_STATUS and status.is_file():
+        # multiprocessing reports 255 when it could not read the child's status from the forkserver (it happened
+        # once in a 360-run tune, to a run that had finished); the child's own record says what it returned
+        return int(status.read_text())
     return int(proc.exitcode)
 
 
