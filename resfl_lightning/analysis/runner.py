@@ -34,8 +34,16 @@ def exit_file(log_path: str) -> str:
     return log_path + ".exit"
 
 
+def recorded_wall(run_dir: Path) -> float | None:
+    """The run's wall time as the launcher recorded it when the run finished; None when not (yet) readable."""
+    try:
+        return float(json.loads((run_dir / "table_wall_s.json").read_text())["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def is_finished(run_dir: Path) -> bool:
-    return (run_dir / "summary.json").is_file() and (run_dir / "table_wall_s.json").is_file()
+    return (run_dir / "summary.json").is_file() and recorded_wall(run_dir) is not None
 
 
 def train_command(overrides: list[str]) -> list[str]:
@@ -101,7 +109,7 @@ def run_one(overrides: list[str], run_dir: Path) -> float:
     """Train one run unless it already finished; returns its wall time (stored beside the run with its command)."""
     timing = run_dir / "table_wall_s.json"
     if is_finished(run_dir):
-        return float(json.loads(timing.read_text())["wall_s"])
+        return recorded_wall(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "table_train.log"
     t0 = time.perf_counter()
@@ -109,8 +117,11 @@ def run_one(overrides: list[str], run_dir: Path) -> float:
     wall = time.perf_counter() - t0
     if code != 0:
         raise RuntimeError(f"run {run_dir} failed ({code}); see {log}")
-    timing.write_text(json.dumps({"wall_s": wall, "command": train_command(overrides),
-                                  "launch": os.environ.get(LAUNCH_ENV, "forkserver")}))
+    # written whole, then renamed: the other workers' scheduler reads these files while runs finish
+    partial = timing.with_name(timing.name + ".partial")
+    partial.write_text(json.dumps({"wall_s": wall, "command": train_command(overrides),
+                                   "launch": os.environ.get(LAUNCH_ENV, "forkserver")}))
+    os.replace(partial, timing)
     return wall
 
 
@@ -128,8 +139,7 @@ def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]
     finished = {rd for rd, _ in jobs if is_finished(rd)}
     walls: dict[str, list[float]] = {}
     for rd in finished:
-        wall = float(json.loads((rd / "table_wall_s.json").read_text())["wall_s"])
-        walls.setdefault(job_kind(rd), []).append(wall)
+        walls.setdefault(job_kind(rd), []).append(recorded_wall(rd))
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
@@ -166,10 +176,11 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
             rd, overrides = job
             try:
                 line = f"{rd.name}: {run_one(overrides, rd):.0f} s"
-            except RuntimeError as err:
-                line = f"FAILED: {err}"
+            except Exception as err:  # noqa: BLE001  (a worker outlives any one job; the job is reported failed)
+                message = str(err) if isinstance(err, RuntimeError) else f"run {rd}: {type(err).__name__}: {err}"
+                line = f"FAILED: {message}"
                 with lock:
-                    failures.append(str(err))
+                    failures.append(message)
             with lock:
                 done += 1
                 report(f"[{done}/{len(jobs)}] {line}")

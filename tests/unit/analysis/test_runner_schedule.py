@@ -75,3 +75,41 @@ def test_a_failed_run_is_reported_and_the_others_still_run(tmp_path: Path, monke
     failures = runner.run_jobs([(tmp_path / n, []) for n in ("bad-s0", "ok-s0", "ok-s1")], 2, lines.append)
     assert failures == [f"run {tmp_path / 'bad-s0'} failed (1)"]
     assert sum("FAILED" in line for line in lines) == 1 and len(lines) == 3
+
+
+def test_a_timing_file_being_written_neither_stops_a_worker_nor_counts_as_finished(tmp_path: Path):
+    # Seen in a 360-run tune: a worker's scheduler read another run's table_wall_s.json while it was being written
+    # (empty), the JSON error killed that worker thread and the tune went on with one worker.
+    finish(tmp_path / "fedavg-s0", 10.0)
+    half = tmp_path / "fedavg-s1"
+    finish(half, 12.0)
+    (half / "table_wall_s.json").write_text("")  # mid-write
+    assert not runner.is_finished(half) and runner.recorded_wall(half) is None
+    order = [rd.name for rd, _ in runner.scheduled([(tmp_path / n, [n]) for n in ("fedavg-s1", "fedavg-s0")])]
+    assert order == ["fedavg-s0", "fedavg-s1"]
+
+
+def test_any_error_of_one_job_is_that_job_s_failure_and_every_worker_goes_on(tmp_path: Path, monkeypatch):
+    ran: list[str] = []
+
+    def fake_run_one(overrides, rd):
+        if rd.name.startswith("bad"):
+            raise ValueError("unreadable")
+        ran.append(rd.name)
+        finish(rd, 0.0)
+        return 0.0
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    names = ["bad-s0", "bad-s1", *(f"ok-s{i}" for i in range(6))]
+    failures = runner.run_jobs([(tmp_path / n, []) for n in names], 2, lambda line: None)
+    assert failures == [f"run {tmp_path / n}: ValueError: unreadable" for n in ("bad-s0", "bad-s1")]
+    assert sorted(ran) == sorted(n for n in names if n.startswith("ok"))
+
+
+def test_the_timing_record_is_written_whole(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(runner, "_launch", lambda overrides, log: 0)
+    rd = tmp_path / "fedavg-s0"
+    rd.mkdir()
+    (rd / "summary.json").write_text("{}")
+    wall = runner.run_one(["seed=0"], rd)
+    assert runner.recorded_wall(rd) == wall and [p.name for p in rd.iterdir() if p.name.endswith(".partial")] == []
