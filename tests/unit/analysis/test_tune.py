@@ -12,6 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.table import algorithm_presets
 from resfl_lightning.analysis.tune import (
     MethodTuning,
     check_user_overrides,
@@ -27,6 +28,9 @@ from resfl_lightning.config.tuned import load_tuned
 from resfl_lightning.resources import conf_dir
 
 SEEDS = [120, 121, 122]
+# a cheap constrained method with no shipped Adult tuned file (the tests of first-time tuning need one)
+UNTUNED = next(m for m in ("curvfed", "resfl_af_cluster", *algorithm_presets())
+               if not (conf_dir() / "tuned" / "adult" / f"{m}.yaml").is_file())
 
 
 def trial(index: int, utility: list[float | None], fairness: list[float | None] | None = None,
@@ -170,16 +174,15 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
 
 
 def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: Path):
-    # resfl_af_cluster: a method without a shipped Adult tuned file (its tuning kept the preset)
-    target = tmp_path / "adult" / "resfl_af_cluster.yaml"
-    preset = tuning("resfl_af_cluster", selected_values=0.80)
+    target = tmp_path / "adult" / f"{UNTUNED}.yaml"
+    preset = tuning(UNTUNED, selected_values=0.80)
     preset.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
                              "epsilon": None}
     preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
     assert preset.selection.selected == 0
     assert plan_tuned_file(preset, "adult", target, "c", "e.md", SEEDS) is None
     assert preset.outcome == "Trial 0 (the preset) selected and no tuned file existed: none written."
-    missing = tuning("resfl_af_cluster")
+    missing = tuning(UNTUNED)
     assert plan_tuned_file(missing, "adult", target, "c", "e.md", SEEDS) is None
     assert "runs missing" in missing.outcome and not target.exists()
 
@@ -216,10 +219,10 @@ def test_a_run_composes_to_its_base_trial_and_user_overrides(tmp_path: Path):
 
 
 def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
-    bases = frozen_bases(tmp_path, "adult", ["resfl", "resfl_af_cluster"], [])
+    bases = frozen_bases(tmp_path, "adult", ["resfl", UNTUNED], [])
     assert bases["resfl"] == {"file": "conf/tuned/adult/resfl.yaml",
                               "overrides": list(load_tuned(conf_dir() / "tuned/adult/resfl.yaml").overrides)}
-    assert bases["resfl_af_cluster"] == {"file": None, "overrides": []}  # no shipped Adult file
+    assert bases[UNTUNED] == {"file": None, "overrides": []}  # no shipped Adult file
     assert frozen_bases(tmp_path, "adult", ["resfl"], ["adversary=paper_minimal"])["resfl"] == bases["resfl"]
     other = tmp_path / "other"
     other.mkdir()
@@ -254,15 +257,15 @@ def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Pa
 def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path):
     from resfl_lightning.cli.tune import main
 
-    # resfl_af_cluster: a method without a shipped Adult tuned file, so its trials start from the preset
+    # a method without a shipped Adult tuned file, so its trials start from the preset
 
     out, results, tuned = tmp_path / "runs", tmp_path / "results" / "tune-adult-iid.md", tmp_path / "tuned"
-    args = ["--dataset", "adult", "--methods", "resfl_af_cluster", "--trials", "2", "--seeds", "120", "--jobs", "1",
+    args = ["--dataset", "adult", "--methods", UNTUNED, "--trials", "2", "--seeds", "120", "--jobs", "1",
             "--out", str(out), "--results", str(results), "--tuned-dir", str(tuned), f"dataset.root={adult_dir}",
             "federation.rounds=1"]
     assert main(args) == 0
     for t in (0, 1):
-        run = out / f"resfl_af_cluster-t{t}-s120"
+        run = out / f"{UNTUNED}-t{t}-s120"
         summary = json.loads((run / "summary.json").read_text())
         assert 0 < summary["val/accuracy"] < 1 and "val/fairness_score" in summary
         assert OmegaConf.load(run / "config.yaml").optim.lr == pytest.approx(0.01 / 3 if t else 0.01, rel=1e-5)
@@ -271,19 +274,19 @@ def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path
                            "seeds [120], plus fedavg's preset as the fairness reference's fallback; 3 runs; "
                            "selection rule version 2;")
     assert (out / "fedavg-t0-s120" / "summary.json").is_file()  # the fallback reference ran beside the method
-    assert "- command: `resfl tune --dataset adult --methods resfl_af_cluster --trials 2" in text
+    assert f"- command: `resfl tune --dataset adult --methods {UNTUNED} --trials 2" in text
     assert "| 0 | (the preset) |" in text and "| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) |" in text
-    selection = json.loads((out / "selection.json").read_text())["resfl_af_cluster"]
-    path = tuned / "adult" / "resfl_af_cluster.yaml"
+    selection = json.loads((out / "selection.json").read_text())[UNTUNED]
+    path = tuned / "adult" / f"{UNTUNED}.yaml"
     if selection["selected"] == 0:  # the preset won: no file
         assert not path.exists() and "none written" in text
     else:
         assert load_tuned(path).overrides == ("optim.lr=0.00333333",)
         assert yaml.safe_load(path.read_text())["evidence"] == [str(results)]
-    before = (out / "resfl_af_cluster-t0-s120" / "table_wall_s.json").read_text()
+    before = (out / f"{UNTUNED}-t0-s120" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: nothing is trained again, and the same file is written
-    assert (out / "resfl_af_cluster-t0-s120" / "table_wall_s.json").read_text() == before
-    assert not (conf_dir() / "tuned" / "adult" / "resfl_af_cluster.yaml").exists()  # --tuned-dir: repository clean
+    assert (out / f"{UNTUNED}-t0-s120" / "table_wall_s.json").read_text() == before
+    assert not (conf_dir() / "tuned" / "adult" / f"{UNTUNED}.yaml").exists()  # --tuned-dir: repository clean
 
 
 def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
