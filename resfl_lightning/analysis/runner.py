@@ -139,7 +139,8 @@ def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]
     finished = {rd for rd, _ in jobs if is_finished(rd)}
     walls: dict[str, list[float]] = {}
     for rd in finished:
-        walls.setdefault(job_kind(rd), []).append(recorded_wall(rd))
+        if (wall := recorded_wall(rd)) is not None:  # a record replaced meanwhile is simply not counted
+            walls.setdefault(job_kind(rd), []).append(wall)
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
