@@ -42,8 +42,13 @@ def recorded_wall(run_dir: Path) -> float | None:
         return None
 
 
+def finished_wall(run_dir: Path) -> float | None:
+    """The wall time of a finished run (its summary written and its timing recorded), None for any other run."""
+    return recorded_wall(run_dir) if (run_dir / "summary.json").is_file() else None
+
+
 def is_finished(run_dir: Path) -> bool:
-    return (run_dir / "summary.json").is_file() and recorded_wall(run_dir) is not None
+    return finished_wall(run_dir) is not None
 
 
 def train_command(overrides: list[str]) -> list[str]:
@@ -108,8 +113,8 @@ def _launch(overrides: list[str], log: Path) -> int:
 def run_one(overrides: list[str], run_dir: Path) -> float:
     """Train one run unless it already finished; returns its wall time (stored beside the run with its command)."""
     timing = run_dir / "table_wall_s.json"
-    if is_finished(run_dir):
-        return recorded_wall(run_dir)
+    if (done := finished_wall(run_dir)) is not None:
+        return done
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "table_train.log"
     t0 = time.perf_counter()
@@ -136,11 +141,10 @@ def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]
     with no finished run yet (their length is unknown, so they must not come last) in the given order, then the others
     by their kind's mean finished wall time, longest first, so that the pool does not end on one long DP run while
     the other workers idle. Stable: equal keys keep the given order."""
-    finished = {rd for rd, _ in jobs if is_finished(rd)}
+    finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}  # each record read once
     walls: dict[str, list[float]] = {}
-    for rd in finished:
-        if (wall := recorded_wall(rd)) is not None:  # a record replaced meanwhile is simply not counted
-            walls.setdefault(job_kind(rd), []).append(wall)
+    for rd, wall in finished.items():
+        walls.setdefault(job_kind(rd), []).append(wall)
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
