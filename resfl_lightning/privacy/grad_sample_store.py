@@ -1,4 +1,4 @@
-"""Per-sample gradients stored without opacus' zero-filled copy (docs/performance.md "DP-SGD").
+"""Per-sample gradients stored without opacus' zero-filled copy (docs/performance.md, "A DP run on UCI Adult").
 
 opacus' GradSampleModule hook hands every layer's per-sample gradients to
 `opacus.grad_sample.grad_sample_module.create_or_accumulate_grad_sample`, which allocates a zero tensor of the
