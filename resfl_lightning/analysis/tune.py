@@ -37,9 +37,11 @@ from resfl_lightning.analysis.tune_rule import (
     Selection,
     TrialValues,
     fairness_increase,
+    fallback_label,
     mean_over,
     merged_tuned,
     select_trial,
+    with_learned_floor,
 )
 from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
@@ -104,6 +106,7 @@ def run_values(run_dir: Path, settings: TuneSettings) -> dict | None:
         return None
     return {"task": run.task, "utility": run.value(settings.utility[run.task]),
             "below_floor": below_utility_floor(run.summary, settings.map50_floor, split="val"),
+            "trivial": 0.0 if run.task == "detection" else run.value("val/majority_class_rate"),
             "fairness": run.value(settings.fairness_metric), "epsilon": run.value("dp/epsilon_max")}
 
 
@@ -138,22 +141,43 @@ def series(runs: dict[int, dict | None], key: str) -> dict[int, float | None]:
 
 def trial_values(values: dict[int, dict[int, dict | None]], trial: int) -> TrialValues:
     return TrialValues(trial, series(values[trial], "utility"), series(values[trial], "fairness"),
-                       series(values[trial], "below_floor"))
+                       series(values[trial], "below_floor"), trivial=series(values[trial], "trivial"))
 
 
 def preset_values(out: Path, method: str, seeds: list[int], settings: TuneSettings) -> TrialValues:
-    """`method`'s trial 0 as run in OUT (the fairness reference's fallback; runs not there have no values)."""
+    """`method`'s trial 0 as run in OUT (a reference preset; runs not there have no values)."""
     values = trial_values({0: {s: run_values(run_dir_for(out, method, 0, s), settings) for s in seeds}}, 0)
     return replace(values, method=method)
 
 
+@dataclass(frozen=True)
+class References:
+    """The presets a selection reads besides the method's own trials (None: not used by the rule)."""
+
+    learned: TrialValues | None = None  # the learned floor's yardstick (rule version 3)
+    fairness: TrialValues | None = None  # the fairness reference's fallback, with the learned floor applied
+
+    @classmethod
+    def read(cls, out: Path, seeds: list[int], settings: TuneSettings) -> References:
+        learned = (None if settings.learned_reference is None
+                   else preset_values(out, settings.learned_reference, seeds, settings))
+        fallback = preset_values(out, settings.reference_fallback, seeds, settings)
+        return cls(learned, floored(fallback, learned, settings))
+
+
+def floored(trial: TrialValues, learned: TrialValues | None, settings: TuneSettings) -> TrialValues:
+    """The trial with the learned floor of rule version 3 applied (unchanged before it)."""
+    return trial if learned is None else with_learned_floor(trial, learned, settings.learned_fraction)
+
+
 def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,
-                seeds: list[int], settings: TuneSettings, fallback: TrialValues | None = None) -> MethodTuning:
-    """The method's finished runs and the rule's selection among its trials (`fallback`: the fairness reference's
-    fallback preset, `preset_values`)."""
+                seeds: list[int], settings: TuneSettings, references: References = References()) -> MethodTuning:
+    """The method's finished runs and the rule's selection among its trials (`references`: the presets the rule
+    compares with, `References.read`)."""
     values = {t: {s: run_values(run_dir_for(out, method, t, s), settings) for s in seeds} for t in range(len(grid))}
     limit = settings.max_increase_for(method)
-    selection = select_trial([trial_values(values, t) for t in values], seeds, limit, fallback)
+    candidates = [floored(trial_values(values, t), references.learned, settings) for t in values]
+    selection = select_trial(candidates, seeds, limit, references.fairness)
     return MethodTuning(method, grid, trials, base, values, selection, limit)
 
 
@@ -201,8 +225,20 @@ def method_lines(t: MethodTuning, seeds: list[int], utility_name: str) -> list[s
     return [*lines, "", f"**Selection:** {t.selection.reason}. {t.outcome}", ""]
 
 
+def learned_floor_line(learned: TrialValues, fraction: float, seeds: list[int]) -> str:
+    """Rule version 3's floor per seed, as the trial log states it."""
+    cells = []
+    for s in seeds:
+        ref, trivial = learned.utility.get(s), learned.trivial.get(s)
+        known = ref is not None and trivial is not None and math.isfinite(ref) and math.isfinite(trivial)
+        cells.append(f"seed {s}: {trivial + fraction * (ref - trivial):.4f}" if known and ref > trivial
+                     else f"seed {s}: the table's floor alone ({fallback_label(learned)} has no gain there)")
+    return (f"Learned floor (a trial must reach it on every tuning seed): a constant prediction's validation utility "
+            f"plus {fraction:g} x the gain of {fallback_label(learned)} over it; " + ", ".join(cells) + ".")
+
+
 def tune_markdown(header: str, settings: TuneSettings, tunings: list[MethodTuning], seeds: list[int], task: str,
-                  failures: list[str]) -> str:
+                  failures: list[str], learned: TrialValues | None = None) -> str:
     name = "mAP@50" if task == "detection" else "accuracy"
     lines = [header, "", "The budget and the selection rule, as pre-registered (conf/table/tune.yaml):", "", "```yaml",
              settings.text.rstrip(), "```", "",
@@ -210,6 +246,8 @@ def tune_markdown(header: str, settings: TuneSettings, tunings: list[MethodTunin
              "union of the clients' validation splits; the test split is never read), their mean, the constraint "
              "values and the rule's verdict. Scaled grid values (`key*=f`) are shown as run, the grid's entry in "
              "brackets.", ""]
+    if learned is not None and settings.learned_fraction is not None:
+        lines += [learned_floor_line(learned, settings.learned_fraction, seeds), ""]
     if len(seeds) == 1:
         lines += [f"One tuning seed ({seeds[0]}): \"learned on every tuning seed\" is a single-seed check and the mean "
                   "is one run's value.", ""]
@@ -325,10 +363,8 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     out = out or tune_out(dataset, scenario, overrides)
     results = results or results_path(dataset, scenario, overrides)
     out.mkdir(parents=True, exist_ok=True)
-    # the fairness reference's fallback preset runs too (its trial 0 only) when a constrained method is tuned alone
-    fallback = settings.reference_fallback
-    reference_only = ([fallback] if fallback not in methods and any(settings.max_increase_for(m) is not None
-                                                                    for m in methods) else [])
+    # the reference presets run too (trial 0 only) when their method is not tuned here
+    reference_only = [m for m in settings.reference_methods(methods) if m not in methods]
     bases = frozen_bases(out, dataset, [*methods, *reference_only], overrides)
     run_trials = {m: trials_as_run(grids[m], [*common_overrides(dataset, scenario, m), *bases[m]["overrides"], *user])
                   for m in methods} | {m: [[]] for m in reference_only}
@@ -342,8 +378,8 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
                         "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
     t0 = time.perf_counter()
     failures = run_jobs(jobs_list, jobs)
-    reference = preset_values(out, fallback, seeds, settings)  # read once, for every constrained method
-    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings, reference) for m in methods]
+    references = References.read(out, seeds, settings)  # read once, for every method
+    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings, references) for m in methods]
     tasks = {v["task"] for t in tunings for runs in t.values.values() for v in runs.values() if v is not None}
     task = tasks.pop() if len(tasks) == 1 else "classification"
     tuned_root = tuned_dir or conf_dir() / "tuned"
@@ -354,12 +390,13 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     walls = [rd / "table_wall_s.json" for rd, _ in jobs_list]
     run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
     budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
-    reference_runs = f", plus {fallback}'s preset as the fairness reference's fallback" if reference_only else ""
+    reference_runs = (f", plus {' and '.join(reference_only)}'s preset as the rule's reference" if reference_only
+                      else "")
     header = (f"# Tuning budget: {dataset}, scenario {scenario} ({len(methods)} methods x {budget} x {len(seeds)} "
               f"tuning seeds {seeds}{reference_runs}; {len(jobs_list)} runs; selection rule version "
               f"{settings.version}; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall times "
               f"sum to {run_walls:.0f} s)")
-    text = tune_markdown(header, settings, tunings, seeds, task, failures)
+    text = tune_markdown(header, settings, tunings, seeds, task, failures, references.learned)
     (out / "tune.md").write_text(text)
     (out / "selection.json").write_text(json.dumps({t.method: selection_record(t) for t in tunings}, indent=1))
     write_results(results, text, command, wall_s=total, runs_wall_s=run_walls, writer="resfl tune")

@@ -5,7 +5,7 @@ of trials and no grid moves what must stay fixed; `key*=f` entries scale the val
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -41,6 +41,16 @@ class TuneSettings:
     version: int  # rule_version: which rule a trial log was selected by
     text: str  # the file as written (quoted in the trial log)
     seeds_by_dataset: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a dataset's own tuning seeds, where declared
+    learned_reference: str | None = None  # rule version 3's floor: this method's preset is the yardstick ...
+    learned_fraction: float | None = None  # ... of which a trial must reach this fraction of the gain (None: off)
+
+    def reference_methods(self, methods: list[str]) -> list[str]:
+        """The presets `methods`' selection reads besides their own trials: the learned floor's reference, and the
+        fairness fallback where a constrained method is tuned."""
+        needed = [self.learned_reference] if self.learned_reference else []
+        if any(self.max_increase_for(m) is not None for m in methods):
+            needed.append(self.reference_fallback)
+        return list(dict.fromkeys(needed))
 
     def max_increase_for(self, method: str) -> float | None:
         return self.max_increase if method in self.fairness_methods else None
@@ -68,14 +78,22 @@ def load_settings(path: Path | None = None) -> TuneSettings:
                                 int(raw.get("rule_version", 1)), path.read_text(),
                                 tuple((str(d), tuple(int(s) for s in seeds))
                                       for d, seeds in (raw.get("tuning_seeds_by_dataset") or {}).items()))
+        learned = rule.get("learned")
+        if learned is not None:
+            settings = replace(settings, learned_reference=str(learned["reference"]),
+                               learned_fraction=float(learned["fraction"]))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise TuneError(f"{path}: missing or malformed key {err}") from None
+    if settings.learned_fraction is not None and not 0 < settings.learned_fraction <= 1:
+        raise TuneError(f"{path}: rule.learned.fraction must lie in (0, 1], got {settings.learned_fraction}")
     if settings.trials < 1 or not settings.seeds or not all(seeds for _, seeds in settings.seeds_by_dataset):
         raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds (and each tuning_seeds_by_dataset entry) "
                         "non-empty")
-    unknown = sorted((set(settings.fairness_methods) | {settings.reference_fallback}) - set(algorithm_presets()))
+    named = set(settings.fairness_methods) | {settings.reference_fallback} | {settings.learned_reference} - {None}
+    unknown = sorted(named - set(algorithm_presets()))
     if unknown:
-        raise TuneError(f"{path}: rule.fairness.methods / reference_fallback: no conf/algorithm/ preset {unknown}")
+        raise TuneError(f"{path}: rule.fairness.methods / reference_fallback / learned.reference: no conf/algorithm/ "
+                        f"preset {unknown}")
     return settings
 
 

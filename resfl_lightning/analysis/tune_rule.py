@@ -3,18 +3,19 @@ functions of per-run values, so both can be checked on hand-made numbers before 
 "Tuning budget").
 
 Per method: among the trials that have a value on every tuning seed and LEARNED on every one (validation utility above
-the table's utility floor) and, for a method that claims fairness, whose validation Fairness Score is at most
-`max_increase` above the reference's (the mean of the per-seed differences over the reference's seeds), the highest
-mean validation utility wins; ties go to the trial listed first. The reference is trial 0 (the untuned preset) on the
-seeds where it learned and has a Fairness Score; where it has none, the fallback method's preset (FedAvg's in
-conf/table/tune.yaml) on its such seeds: a preset that predicts one class is no yardstick for fairness (the first
-Adult tune, docs/results/tune-adult-iid.md)."""
+the table's utility floor; from rule version 3 also at least a declared fraction of the reference preset's gain over
+a constant prediction on the same seed, `with_learned_floor`) and, for a method that claims fairness, whose
+validation Fairness Score is at most `max_increase` above the reference's (the mean of the per-seed differences over
+the reference's seeds), the highest mean validation utility wins; ties go to the trial listed first. The reference is
+trial 0 (the untuned preset) on the seeds where it learned and has a Fairness Score; where it has none, the fallback
+method's preset (FedAvg's in conf/table/tune.yaml) on its such seeds: a preset that predicts one class is no
+yardstick for fairness (the first Adult tune, docs/results/tune-adult-iid.md)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from resfl_lightning.config.tuned import override_key
 
@@ -31,6 +32,7 @@ class TrialValues:
     fairness: dict[int, float | None] = field(default_factory=dict)  # the constrained metric (fairness methods)
     below_floor: dict[int, str | None] = field(default_factory=dict)  # seed -> why the run did not learn (or None)
     method: str | None = None  # whose trial it is, where it is another method's (the fairness fallback)
+    trivial: dict[int, float | None] = field(default_factory=dict)  # a constant predictor's validation utility
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,23 @@ def mean_over(values: dict[int, float | None], seeds: Sequence[int]) -> float:
 def learned_seeds(trial: TrialValues, seeds: Sequence[int]) -> list[int]:
     """The seeds where the trial has a utility value at or above the floor."""
     return [s for s in seeds if _finite(trial.utility.get(s)) and trial.below_floor.get(s) is None]
+
+
+def with_learned_floor(trial: TrialValues, reference: TrialValues, fraction: float) -> TrialValues:
+    """`trial` with rule version 3's floor added to its `below_floor`: on each seed where the reference preset gained
+    g > 0 over the constant predictor (its validation utility minus `trivial`), the trial did not learn if it gained
+    less than fraction x g. A seed where the reference has no value or no gain keeps the table's floor alone; a seed
+    already below the table's floor keeps that reason."""
+    below = dict(trial.below_floor)
+    for s, u in trial.utility.items():
+        ref, trivial = reference.utility.get(s), trial.trivial.get(s)
+        if below.get(s) is not None or not (_finite(u) and _finite(ref) and _finite(trivial)):
+            continue
+        gain = ref - trivial
+        if gain > 0 and u - trivial < fraction * gain - TIE_TOLERANCE:
+            below[s] = (f"val utility {u:.3f} < {trivial + fraction * gain:.3f}: gained {u - trivial:.3f} over a "
+                        f"constant prediction, less than {fraction:g} x {fallback_label(reference)}'s {gain:.3f}")
+    return replace(trial, below_floor=below)
 
 
 def fairness_reference(preset: TrialValues, seeds: Sequence[int],

@@ -1,13 +1,15 @@
 """`resfl tune`: the equal tuning budget (resfl_lightning/analysis/tune.py; conf/table/tune.yaml, conf/tune/).
 
 Every method (each preset of conf/algorithm/, or --methods) gets the same number of trials over its own grid
-conf/tune/<method>.yaml (trial 0: the preset) on the tuning seeds (default 123-125, disjoint from the tables' and the
+conf/tune/<method>.yaml (trial 0: the preset) on the tuning seeds (default 126-128, disjoint from the tables' and the
 frontier's). Per method the rule picks the trial with the highest mean VALIDATION utility (accuracy, or mAP@50 for
-detection; the test split is never read); a method that claims fairness must keep its validation Fairness Score
-within the stated margin of the preset's; a DP method's epsilon is never in a grid. The selected overrides go to
-conf/tuned/<dataset>/<method>.yaml (merged with a file already there; none is written when the preset itself wins),
-which `resfl train` then applies. Runs are resumable (OUT, default runs/tune_<dataset>_<scenario>); the trial log
-goes to OUT/tune.md and --results (default docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
+detection; the test split is never read) among those that learned (at least half of FedAvg's preset's gain over a
+constant prediction on every seed); a method that claims fairness must keep its validation Fairness Score within the
+stated margin of the preset's (of FedAvg's where its preset did not learn); a DP method's epsilon is never in a grid.
+The selected overrides go to conf/tuned/<dataset>/<method>.yaml (merged with a file already there; none is written
+when the preset itself wins), which `resfl train` then applies. Runs are resumable (OUT, default
+runs/tune_<dataset>_<scenario>); the trial log goes to OUT/tune.md and --results (default
+docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
 
 from __future__ import annotations
 

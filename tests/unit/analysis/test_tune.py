@@ -15,15 +15,17 @@ from omegaconf import OmegaConf
 from resfl_lightning.analysis.table import algorithm_presets
 from resfl_lightning.analysis.tune import (
     MethodTuning,
+    References,
     check_user_overrides,
     frozen_bases,
     plan_tuned_file,
     run_overrides,
     tune_markdown,
+    tune_method,
     write_tuned_file,
 )
 from resfl_lightning.analysis.tune_grid import TuneError, load_settings
-from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial
+from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial, with_learned_floor
 from resfl_lightning.config.tuned import load_tuned
 from resfl_lightning.resources import conf_dir
 
@@ -116,6 +118,98 @@ def test_a_preset_that_never_learned_is_replaced_by_fedavgs_as_the_fairness_refe
     assert alone.selected is None and alone.reference is None
     assert alone.verdicts[1].startswith("excluded: no Fairness Score reference")
     assert select_trial([constant, learns], SEEDS).selected == 1  # unconstrained: no reference needed
+
+
+MAJORITY = [0.749, 0.751, 0.750]  # the constant prediction's validation accuracy per seed
+FEDAVG = dataclasses.replace(trial(0, [0.849, 0.851, 0.850], [0.40] * 3), method="fedavg",
+                             trivial=dict(zip(SEEDS, MAJORITY)))  # gains 0.100 on every seed: floors 0.799/0.801/0.800
+
+
+def floor_trial(index: int, utility: list[float], fairness: list[float] | None = None) -> TrialValues:
+    return dataclasses.replace(trial(index, utility, fairness), trivial=dict(zip(SEEDS, MAJORITY)))
+
+
+def reasons(t: TrialValues) -> dict[int, str | None]:
+    return {s: t.below_floor.get(s) for s in SEEDS}
+
+
+def test_the_learned_floor_is_a_share_of_fedavgs_gain_over_a_constant_prediction_on_the_same_seed():
+    # hand-computed: seed 120 floor 0.749 + 0.5 x 0.100 = 0.799; 0.798 misses it, 0.799 and 0.80 reach it
+    assert reasons(with_learned_floor(floor_trial(1, [0.798, 0.801, 0.80]), FEDAVG, 0.5)) == {
+        120: "val utility 0.798 < 0.799: gained 0.049 over a constant prediction, less than 0.5 x fedavg's preset's "
+             "0.100", 121: None, 122: None}
+    assert reasons(with_learned_floor(floor_trial(1, [0.799, 0.801, 0.80]), FEDAVG, 0.5)) == dict.fromkeys(SEEDS)
+    # a seed where FedAvg's preset gained nothing (or has no run) keeps the table's floor alone
+    flat = dataclasses.replace(FEDAVG, utility={120: 0.749, 121: None, 122: 0.850})
+    low = reasons(with_learned_floor(floor_trial(1, [0.76] * 3), flat, 0.5))
+    assert low[120] is None and low[121] is None and low[122].startswith("val utility 0.760 < 0.800")
+    # the table's own reason is kept where it already applies
+    dead = dataclasses.replace(floor_trial(1, [0.749] * 3), below_floor=dict.fromkeys(SEEDS, DEAD))
+    assert reasons(with_learned_floor(dead, FEDAVG, 0.5)) == dict.fromkeys(SEEDS, DEAD)
+    # detection: the constant prediction's mAP@50 is 0, so the floor is 0.5 x FedAvg's mAP@50 (issue 24's bar)
+    det_fedavg = dataclasses.replace(trial(0, [0.30, 0.20, 0.40]), method="fedavg", trivial=dict.fromkeys(SEEDS, 0.0))
+    det = dataclasses.replace(trial(1, [0.15, 0.099, 0.30]), trivial=dict.fromkeys(SEEDS, 0.0))
+    assert [s for s, why in reasons(with_learned_floor(det, det_fedavg, 0.5)).items() if why] == [121]
+
+
+def test_rule_3_rejects_a_nearly_constant_preset_and_compares_fairness_with_fedavg_instead():
+    # rule version 2's failure on Adult (docs/results/tune-adult-iid-rule2.md): PUFFLE's preset cleared the majority
+    # rate by a hair (0.750 vs 0.749) with a low Fairness Score, and every trial that learned was "less fair"
+    near_constant = floor_trial(0, [0.750, 0.752, 0.751], [0.02] * 3)
+    learns = floor_trial(1, [0.806, 0.809, 0.807], [0.41] * 3)
+    v2 = select_trial([near_constant, learns], SEEDS, max_increase=0.02, fallback=FEDAVG)
+    assert v2.selected == 0 and v2.reference.label == "trial 0"
+    v3 = select_trial([with_learned_floor(t, FEDAVG, 0.5) for t in (near_constant, learns)], SEEDS,
+                      max_increase=0.02, fallback=with_learned_floor(FEDAVG, FEDAVG, 0.5))
+    assert v3.selected == 1 and v3.reference.label == "fedavg's preset"
+    assert v3.verdicts[0].startswith("excluded: did not learn on seeds [120, 121, 122] (val utility 0.750 < 0.799")
+    unfair = floor_trial(2, [0.83] * 3, [0.43] * 3)  # learns, but +0.03 less fair than FedAvg's preset
+    v3 = select_trial([with_learned_floor(t, FEDAVG, 0.5) for t in (near_constant, learns, unfair)], SEEDS, 0.02,
+                      with_learned_floor(FEDAVG, FEDAVG, 0.5))
+    assert v3.selected == 1 and v3.verdicts[2].startswith("excluded: validation Fairness Score +0.0300 vs fedavg's")
+
+
+def test_tune_method_applies_the_shipped_rules_floor_from_the_runs_values(tmp_path: Path):
+    settings = load_settings()
+    assert settings.version >= 3 and settings.learned_reference == "fedavg" and settings.learned_fraction == 0.5
+    runs = {0: [0.750, 0.752, 0.751], 1: [0.806, 0.809, 0.807]}
+    for t, accs in runs.items():
+        for s, acc in zip(SEEDS, accs):
+            rd = tmp_path / f"puffle-t{t}-s{s}"
+            rd.mkdir()
+            (rd / "summary.json").write_text(json.dumps(
+                {"val/accuracy": acc, "val/majority_class_rate": MAJORITY[SEEDS.index(s)],
+                 "val/fairness_score": 0.02 if t == 0 else 0.41}))
+            (rd / "config.yaml").write_text("dataset:\n  task: classification\n")
+    unfloored = tune_method("puffle", [(), ("x=1",)], [[], ["x=1"]], {"file": None, "overrides": []}, tmp_path,
+                            SEEDS, settings)
+    refs = References(FEDAVG, with_learned_floor(FEDAVG, FEDAVG, 0.5))
+    floored = tune_method("puffle", [(), ("x=1",)], [[], ["x=1"]], {"file": None, "overrides": []}, tmp_path,
+                          SEEDS, settings, refs)
+    assert floored.values[0][120]["trivial"] == 0.749
+    assert unfloored.selection.selected == 0  # without the references: rule version 2's outcome
+    assert floored.selection.selected == 1 and floored.selection.reference.label == "fedavg's preset"
+    text = tune_markdown("# t", settings, [floored], SEEDS, "classification", [], FEDAVG)
+    assert ("Learned floor (a trial must reach it on every tuning seed): a constant prediction's validation utility "
+            "plus 0.5 x the gain of fedavg's preset over it; seed 120: 0.7990, seed 121: 0.8010, seed 122: "
+            "0.8000.") in text
+
+
+def test_the_learned_fraction_must_be_a_share(tmp_path: Path):
+    from resfl_lightning.analysis.tune_grid import settings_file
+
+    raw = yaml.safe_load(settings_file().read_text())
+    for bad_fraction in (0, 1.5):
+        raw["rule"]["learned"]["fraction"] = bad_fraction
+        bad = tmp_path / "tune.yaml"
+        bad.write_text(yaml.safe_dump(raw))
+        with pytest.raises(TuneError, match=r"rule.learned.fraction must lie in \(0, 1\]"):
+            load_settings(bad)
+    raw["rule"]["learned"]["reference"] = "nonesuch"
+    raw["rule"]["learned"]["fraction"] = 0.5
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(TuneError, match="learned.reference: no conf/algorithm/ preset"):
+        load_settings(bad)
 
 
 ADULT_RESFL = {"selected_by": "resfl frontier --dataset adult", "evidence": ["docs/results/frontier-adult-iid-sex.md"],
@@ -271,8 +365,8 @@ def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path
         assert OmegaConf.load(run / "config.yaml").optim.lr == pytest.approx(0.01 / 3 if t else 0.01, rel=1e-5)
     text = results.read_text()
     assert text.startswith("# Tuning budget: adult, scenario iid (1 methods x the first 2 of 8 trials x 1 tuning "
-                           "seeds [120], plus fedavg's preset as the fairness reference's fallback; 3 runs; "
-                           "selection rule version 2;")
+                           "seeds [120], plus fedavg's preset as the rule's reference; 3 runs; "
+                           "selection rule version 3;")
     assert (out / "fedavg-t0-s120" / "summary.json").is_file()  # the fallback reference ran beside the method
     assert f"- command: `resfl tune --dataset adult --methods {UNTUNED} --trials 2" in text
     assert "| 0 | (the preset) |" in text and "| 1 | `optim.lr=0.00333333` (optim.lr*=1/3) |" in text
@@ -293,7 +387,7 @@ def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
     from resfl_lightning.analysis.tune_grid import reserved_seeds, settings_file
 
     shipped = load_settings()
-    assert shipped.seeds_for("adult") == shipped.seeds == (123, 124, 125)
+    assert shipped.seeds_for("adult") == shipped.seeds == (126, 127, 128)
     assert shipped.seeds_for("synthetic") == (123,) and not set(shipped.seeds_for("synthetic")) & reserved_seeds()
     raw = yaml.safe_load(settings_file().read_text())
     raw["tuning_seeds_by_dataset"] = {"facet": []}

@@ -24,12 +24,13 @@ from resfl_lightning.resources import conf_dir
 
 def test_the_registered_budget_and_rule():
     s = load_settings()
-    assert s.trials == 8 and s.seeds == (123, 124, 125) and s.version == 2  # rule version 1 used 120-122
+    assert s.trials == 8 and s.seeds == (126, 127, 128) and s.version == 3  # versions 1, 2: 120-122, 123-125
     assert not set(s.seeds) & reserved_seeds()
     assert set(range(10)) | set(range(100, 105)) | set(range(110, 120)) <= reserved_seeds()
     assert s.utility == {"classification": "val/accuracy", "detection": "val/map_50"}
     assert s.fairness_metric == "val/fairness_score" and s.max_increase == 0.02
     assert s.reference_fallback == "fedavg" and s.map50_floor == 0.05  # the table's floor
+    assert s.learned_reference == "fedavg" and s.learned_fraction == 0.5
     assert "algorithm.dp.target_epsilon" in s.fixed and "federation.rounds" in s.fixed
     assert {"resfl", "fairfed", "puffle"} <= set(s.fairness_methods) and "fedavg" not in s.fairness_methods
 
