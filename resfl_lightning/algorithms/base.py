@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.losses.grl import GRL_SCHEDULES
+from resfl_lightning.losses.roi_mean import ROI_IMPLS
 
 
 @dataclass(kw_only=True)
@@ -61,6 +62,9 @@ class Algorithm(Section):
                                       "pooling; 1 with roi_samples k: one bin of k x k samples, cheaper)", ge=1)
     adversary_roi_samples: int = setting(-1, "detection: roi_align samples per bin side (-1: adaptive, ceil(box / "
                                          "bins) per box)", ge=-1)
+    adversary_roi_impl: str = setting("roi_align", "detection: the box mean through torchvision's roi_align "
+                                      "(bitwise as before) or separable (the same value as two weight vectors and "
+                                      "matrix products, ~10x cheaper with its backward)", choices=ROI_IMPLS)
     anneal_rounds: int = setting(10, "KL annealing min(1, t / anneal_rounds), t in rounds", ge=1)
     curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
@@ -93,6 +97,7 @@ class Algorithm(Section):
                                  warmup_rounds=self.adversary_warmup_rounds, schedule=self.adversary_schedule,
                                  dann_gamma=self.adversary_dann_gamma, reinit=self.adversary_reinit,
                                  roi_bins=self.adversary_roi_bins, roi_samples=self.adversary_roi_samples,
+                                 roi_impl=self.adversary_roi_impl,
                                  rounds=rounds)
 
     def swa_start_round(self, rounds: int) -> int | None:

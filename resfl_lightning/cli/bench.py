@@ -41,7 +41,13 @@ def all_parts(argv: list[str]) -> int:
     from resfl_lightning.benchmarks import dp_tabular
     from resfl_lightning.benchmarks import round as bench_round
     from resfl_lightning.benchmarks import scale as bench_scale
-    from resfl_lightning.benchmarks.steps import aggregation_table, dp_table, step_table, synthetic_batch
+    from resfl_lightning.benchmarks.steps import (
+        aggregation_table,
+        dp_table,
+        roi_mean_table,
+        step_table,
+        synthetic_batch,
+    )
 
     scale_counts, scale_rows = bench_scale.COUNTS, bench_scale.ROWS_PER_CLIENT
     if args.quick:
@@ -52,6 +58,7 @@ def all_parts(argv: list[str]) -> int:
     batch = synthetic_batch(args.image_size, args.batch)
     console = _console()
     console.print(step_table(args.scale, args.image_size, batch, args.steps))
+    console.print(roi_mean_table(2, ((64, 2, 4),)) if args.quick else roi_mean_table(10))
     console.print(dp_table(args.scale, args.image_size, batch, args.steps))
     console.print(dp_tabular.table(args.steps * 3, batch_size=32 if args.quick else dp_tabular.ADULT_BATCH))
     console.print(aggregation_table(args.scale, args.image_size, args.clients))

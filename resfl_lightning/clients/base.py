@@ -16,6 +16,7 @@ from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpa
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
 from resfl_lightning.losses.grl import GRL_SCHEDULES, dann_coefficient
 from resfl_lightning.losses.parity import parity_gap
+from resfl_lightning.losses.roi_mean import ROI_IMPLS
 from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
 
 
@@ -54,6 +55,7 @@ class AdversarySettings:
     reinit: bool = False  # a fresh phi every client-round instead of the client's kept one
     roi_bins: int = 7  # detection: roi_align output size before the box mean (losses/adversary.py)
     roi_samples: int = -1  # detection: roi_align sampling ratio (-1: adaptive per box)
+    roi_impl: str = "roi_align"  # detection: how the box mean is computed (losses/adversary.py ROI_IMPLS)
     rounds: int | None = None  # the run's horizon T: the dann schedule's progress is counted over it
 
     def __post_init__(self) -> None:
@@ -62,6 +64,8 @@ class AdversarySettings:
         if self.roi_bins < 1 or self.roi_samples == 0 or self.roi_samples < -1:
             raise ValueError(f"adversary ROI pooling: bins >= 1 and samples -1 or >= 1, got {self.roi_bins}, "
                              f"{self.roi_samples}")
+        if self.roi_impl not in ROI_IMPLS:
+            raise ValueError(f"adversary ROI pooling: impl must be one of {ROI_IMPLS}, got {self.roi_impl!r}")
         if self.schedule == "dann" and (self.rounds is None or self.rounds < 1):
             raise ValueError(f"the dann GRL schedule needs the run's number of rounds (>= 1), got {self.rounds}")
 

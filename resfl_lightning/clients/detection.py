@@ -72,7 +72,7 @@ class DetectionClient(FederatedClient):
         # batch_idx comes from detection_collate (0..B-1 by construction): no per-step host check of its range.
         a = self.adversary_settings
         return roi_pool_features(feats, self._strides, boxes, batch["batch_idx"].long(), output_size=a.roi_bins,
-                                 sampling_ratio=a.roi_samples, check_batch_idx=False)
+                                 sampling_ratio=a.roi_samples, check_batch_idx=False, impl=a.roi_impl)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["img"])

@@ -10,6 +10,7 @@ from torch import nn
 from torchvision.ops import roi_align
 
 from resfl_lightning.losses.grl import GradientReversal
+from resfl_lightning.losses.roi_mean import ROI_IMPLS, roi_box_mean
 
 
 class Adversary(nn.Module):
@@ -81,12 +82,16 @@ def roi_pool_features(
     output_size: int = 7,
     check_batch_idx: bool = True,
     sampling_ratio: int = -1,
+    impl: str = "roi_align",
 ) -> torch.Tensor:
     """ROIAlign each box at every level (scale 1/stride, aligned), global-average-pool, concat levels: (M, sum C_l).
 
     The mean over output_size^2 bins of s x s samples each is the mean over (output_size s)^2 evenly spaced samples
     of the box, so (output_size, s) = (1, 7k) equals (7, k); the default (7, -1: s = ceil(box side / 7) per box) is
     the paper-faithful pooling, and (1, small s) a cheaper, coarser box mean (algorithm.adversary_roi_*).
+
+    `impl`: "roi_align" (torchvision's, then the mean) or "separable" (losses/roi_mean.py: the same value as weight
+    vectors and matrix products, without roi_align's per-sample scatter in the backward; other float rounding).
 
     `check_batch_idx=False` skips the range check of batch_idx (a host read per call) where the caller built it
     (detection_collate numbers each batch's images 0..B-1)."""
@@ -102,6 +107,8 @@ def roi_pool_features(
     batch_size = feature_maps[0].shape[0]
     if check_batch_idx and batch_idx.numel() and (int(batch_idx.min()) < 0 or int(batch_idx.max()) >= batch_size):
         raise ValueError(f"roi_pool_features: batch_idx outside [0, {batch_size})")
+    if impl not in ROI_IMPLS:
+        raise ValueError(f"roi_pool_features: impl must be one of {ROI_IMPLS}, got {impl!r}")
     pooled = []
     for level, (fmap, stride) in enumerate(zip(feature_maps, strides, strict=True)):
         if fmap.dim() != 4 or fmap.shape[0] != batch_size:
@@ -109,6 +116,9 @@ def roi_pool_features(
         if stride <= 0:
             raise ValueError(f"roi_pool_features: level {level} stride must be > 0, got {stride}")
         rois = torch.cat([batch_idx.to(fmap.dtype)[:, None], boxes_xyxy_pixels.to(fmap.dtype)], dim=1).to(fmap.device)
+        if impl == "separable":
+            pooled.append(roi_box_mean(fmap, rois, 1.0 / stride, output_size, sampling_ratio))
+            continue
         crops = roi_align(
             fmap, rois, output_size=output_size, spatial_scale=1.0 / stride, sampling_ratio=sampling_ratio,
             aligned=True
