@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -58,6 +58,11 @@ class Grid:
     default: tuple[str, float]
     rule: dict
     text: str  # the file as written (quoted in frontier.md)
+    tuning_seeds_by_dataset: dict[str, list[int]] = field(default_factory=dict)  # where a dataset declares its own
+
+    def for_dataset(self, dataset: str) -> Grid:
+        """The grid with `dataset`'s own tuning seeds where tuning_seeds_by_dataset declares them."""
+        return replace(self, tuning_seeds=self.tuning_seeds_by_dataset.get(dataset, self.tuning_seeds))
 
 
 def load_grid(path: Path | None = None) -> Grid:
@@ -69,7 +74,9 @@ def load_grid(path: Path | None = None) -> Grid:
                     confirmation_seeds=[int(s) for s in raw["confirmation_seeds"]],
                     baselines=[str(b) for b in raw["baselines"]], attacks=[str(a) for a in raw["attacks"]],
                     default=(str(raw["default"]["strength"]), float(raw["default"]["lambda_priv"])), rule=raw["rule"],
-                    text=path.read_text())
+                    text=path.read_text(),
+                    tuning_seeds_by_dataset={str(d): [int(s) for s in seeds]
+                                             for d, seeds in (raw.get("tuning_seeds_by_dataset") or {}).items()})
         missing = [k for k in ("minimise", "utility", "fairness") if k not in grid.rule]
         if missing:
             raise KeyError(f"rule.{missing[0]}")
@@ -80,8 +87,10 @@ def load_grid(path: Path | None = None) -> Grid:
         raise FrontierError(f"{path}: strengths: no conf/adversary/ preset {missing}")
     if grid.default[0] not in grid.strengths or grid.default[1] not in grid.lambdas:
         raise FrontierError(f"{path}: default {grid.default} is not a grid point")
-    if set(grid.tuning_seeds) & set(grid.confirmation_seeds):
-        raise FrontierError(f"{path}: tuning and confirmation seeds overlap")
+    for seeds in (grid.tuning_seeds, *grid.tuning_seeds_by_dataset.values()):
+        if not seeds or set(seeds) & set(grid.confirmation_seeds):
+            raise FrontierError(f"{path}: tuning seeds (and each tuning_seeds_by_dataset entry) must be non-empty and "
+                                "disjoint from the confirmation seeds")
     if "fedavg" not in grid.baselines:
         raise FrontierError(f"{path}: baselines must include fedavg (the utility reference)")
     return grid
@@ -294,7 +303,7 @@ def run_frontier(dataset: str, scenario: str, overrides: list[str], workers: int
                  results: Path | None = None, grid_path: Path | None = None,
                  command: str = "resfl frontier") -> tuple[Path, Selection]:
     """The tuning stage: train, select, write OUT/frontier.md, frontier.png, selection.json (and the results copy)."""
-    grid = load_grid(grid_path)
+    grid = load_grid(grid_path).for_dataset(dataset)
     out = out or frontier_out(dataset, scenario, overrides)
     out.mkdir(parents=True, exist_ok=True)
     points = grid_points(grid) + [Point(baseline=b) for b in grid.baselines]

@@ -102,7 +102,8 @@ def reserved_seeds() -> set[int]:
     frontier (its tuning and confirmation seeds): tuning on them would select on the numbers it is judged by."""
     frontier = load_frontier_grid()
     table = max(primary for _, primary in load_statistics().seeds.values())
-    return set(range(table)) | set(frontier.tuning_seeds) | set(frontier.confirmation_seeds)
+    by_dataset = set().union(*map(set, frontier.tuning_seeds_by_dataset.values()))
+    return set(range(table)) | set(frontier.tuning_seeds) | by_dataset | set(frontier.confirmation_seeds)
 
 
 def grid_file(method: str) -> Path:

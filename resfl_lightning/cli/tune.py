@@ -25,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = experiment_parser("resfl tune", __doc__, dataset="synthetic")
     p.add_argument("--methods", default=None, help="comma-separated subset of conf/algorithm/'s presets (default: all)")
     p.add_argument("--seeds", default=None,
-                   help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 123,124,125, or "
+                   help="comma-separated tuning seeds (default: conf/table/tune.yaml's tuning_seeds, 126,127,128, or "
                    "the dataset's tuning_seeds_by_dataset entry)")
     p.add_argument("--trials", type=int, default=None,
                    help="the first K trials of every grid (default: all, the budget of conf/table/tune.yaml); every "

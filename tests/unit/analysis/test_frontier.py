@@ -73,6 +73,24 @@ def test_the_registered_grid():
     assert grid.rule["fairness"]["max_upper"] == 0.02 and grid.rule["minimise"] == "attack/aia_balanced_accuracy"
 
 
+def test_a_dataset_tunes_on_its_declared_seeds(tmp_path: Path):
+    import yaml
+
+    from resfl_lightning.analysis.frontier import FrontierError, grid_file
+
+    grid = load_grid()
+    assert grid.for_dataset("synthetic").tuning_seeds == [100, 101, 102]  # issue 28 item 5: 3 tuning seeds
+    assert grid.for_dataset("adult").tuning_seeds == list(range(100, 105))
+    assert grid.for_dataset("synthetic").confirmation_seeds == grid.confirmation_seeds
+    raw = yaml.safe_load(grid_file().read_text())
+    for bad in ([], [100, 110]):  # empty, or overlapping the confirmation seeds
+        raw["tuning_seeds_by_dataset"] = {"facet": bad}
+        path = tmp_path / "frontier.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(FrontierError, match="tuning_seeds_by_dataset entry"):
+            load_grid(path)
+
+
 def test_each_run_composes_to_its_point(tmp_path: Path):
     from resfl_lightning.analysis.run_settings import composed_settings
 
