@@ -195,6 +195,14 @@ def test_tune_method_applies_the_shipped_rules_floor_from_the_runs_values(tmp_pa
             "0.8000.") in text
 
 
+def test_the_reference_presets_run_beside_whatever_is_tuned():
+    settings = load_settings()
+    assert settings.reference_methods(["fedsam"]) == ["fedavg"]  # the learned floor needs FedAvg's preset
+    assert settings.reference_methods(["puffle"]) == ["fedavg"]  # and so does the fairness fallback: once
+    v2 = dataclasses.replace(settings, learned_reference=None, learned_fraction=None)
+    assert v2.reference_methods(["fedsam"]) == [] and v2.reference_methods(["puffle"]) == ["fedavg"]
+
+
 def test_the_learned_fraction_must_be_a_share(tmp_path: Path):
     from resfl_lightning.analysis.tune_grid import settings_file
 
