@@ -33,6 +33,7 @@ ROWS, FEATURES, GROUPS = 30162, 105, 5
 ROWS_PER_CLIENT = 320
 TEST_ROWS = 2000
 COUNTS, FRACTION = (4, 1000, 10000), 0.01  # the goal rows of issue 27 (10,000 clients at 1 %) and their baselines
+GOAL_CLIENTS, STEP_GOAL, RSS_GOAL = 10000, 1.15, 1.5  # issue 27: at 10,000 clients, s/step and peak RSS vs N = 4
 
 
 def _virtual_rows_class() -> type:
@@ -214,14 +215,25 @@ def table(rows: list[dict]):
                     f"rows a client, RESFL TabularNet; rounds 2-{base['rounds'] + 1}; 'vs plain' = local-training "
                     "time / the same steps in a plain loop; s/client = round wall time / clients trained)")
     for col in ("N", "k", "steps", "s/step", "vs N=4", "vs plain", "s/client", "vs N=4", "states", "RSS MB",
-                "RSS vs N=4"):
+                "RSS vs N=4", "goal"):
         t.add_column(col, justify="right")
     for r in rows:
+        step, rss = r["s_per_step"] / base["s_per_step"], r["peak_rss_mb"] / base["peak_rss_mb"]
         t.add_row(str(r["clients"]), str(r["sampled"]), f"{r['steps']:.0f}", f"{r['s_per_step']:.4f}",
-                  f"{r['s_per_step'] / base['s_per_step']:.2f}x", f"{r['train_s'] / r['plain_s']:.3f}x",
+                  f"{step:.2f}x", f"{r['train_s'] / r['plain_s']:.3f}x",
                   f"{r['s_per_client']:.4f}", f"{r['s_per_client'] / base['s_per_client']:.2f}x",
-                  str(r["states_on_disk"]), f"{r['peak_rss_mb']:.0f}", f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x")
+                  str(r["states_on_disk"]), f"{r['peak_rss_mb']:.0f}", f"{rss:.2f}x",
+                  scale_goal(r["clients"], step, rss))
     return t
+
+
+def scale_goal(clients: int, step_ratio: float, rss_ratio: float) -> str:
+    """Issue 27's goal on the 10,000-client row ("-" on the others)."""
+    if clients != GOAL_CLIENTS:
+        return "-"
+    verdict = {True: "met", False: "not met"}
+    return (f"s/step <= {STEP_GOAL:.2f}x: {verdict[step_ratio <= STEP_GOAL]}, "
+            f"RSS <= {RSS_GOAL:.2f}x: {verdict[rss_ratio <= RSS_GOAL]}")
 
 
 if __name__ == "__main__":  # one measured process of `measure`

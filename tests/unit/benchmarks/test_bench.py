@@ -61,6 +61,8 @@ def test_round_overhead_devices_and_first_step_rows(printed):
     for label in bench_round.ROWS:
         assert label.strip() in printed, (label, sorted(printed))
         _positive(printed[label.strip()][0])
+    assert re.fullmatch(r"<= 2\.5 s: (met|not met)", printed[bench_round.ROW_FIRST][1])
+    assert re.fullmatch(r"<= 1\.5 s: (met|not met)", printed[bench_round.ROW_IMPORTS.strip()][1])
     assert printed[bench_round.ROW_PLAIN][1] == "8 steps"  # the same steps as the measured round (4 clients x 2)
     assert printed[bench_round.ROW_WALL2][1] == "2 processes (gloo)"
     assert re.fullmatch(r"<= 1\.03x: (met|not met)", printed[bench_round.ROW_OVERHEAD][1])
@@ -78,9 +80,10 @@ def test_step_time_aggregation_and_scale_rows(printed):
             assert re.fullmatch(rf"<= {goal:.2f}x: (met|not met)", printed[row][2]), printed[row]
     _positive(printed["seconds per folded client delta"][0])
     _positive(printed["throughput (client deltas folded per second)"][0])
-    for n in ("4", "20"):  # N, k, steps, s/step, vs N=4, vs plain, s/client, vs N=4, states, RSS MB, RSS vs N=4
-        for cell in printed[n]:
+    for n in ("4", "20"):  # N, k, steps, s/step, vs N=4, vs plain, s/client, vs N=4, states, RSS MB, RSS vs N=4, goal
+        for cell in printed[n][:-1]:
             _positive(cell)
+        assert printed[n][-1] == "-"  # the goal is the 10,000-client row's (bench_scale.scale_goal)
 
 
 def test_dp_step_rows(printed):
