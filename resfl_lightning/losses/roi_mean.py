@@ -1,4 +1,4 @@
-"""The box mean of an aligned roi_align, as two weight vectors per box and one matrix product.
+"""The box mean of an aligned roi_align, as two weight vectors per box and two batched matrix products.
 
 `torchvision.ops.roi_align(..., aligned=True).mean((2, 3))` averages bilinear samples on a grid that is the product of
 a row of y positions and a row of x positions, and a sample's bilinear weight is a y factor times an x factor (also
@@ -47,10 +47,12 @@ def roi_box_mean(fmap: torch.Tensor, rois: torch.Tensor, spatial_scale: float, o
                  sampling_ratio: int = -1) -> torch.Tensor:
     """(M, C): `roi_align(fmap, rois, output_size, spatial_scale, sampling_ratio, aligned=True).mean((2, 3))`,
     rois (M, 5) = (batch index, x1, y1, x2, y2) in input pixels; sampling_ratio -1: ceil(box side / output_size)
-    samples per bin side, per box (roi_align's adaptive rule)."""
+    samples per bin side, per box (roi_align's adaptive rule). Computed in float32 at least, as roi_align runs under
+    autocast: box corners in bfloat16 would be off by pixels."""
+    work = torch.promote_types(fmap.dtype, torch.float32)
+    fmap, rois = fmap.to(work), rois.to(work)
     b, c, h, w = fmap.shape
     m = rois.shape[0]
-    rois = rois.to(fmap.dtype)
     x1, y1, x2, y2 = (rois[:, i] * spatial_scale - 0.5 for i in range(1, 5))  # aligned: half a cell back
     width, height = x2 - x1, y2 - y1
     if sampling_ratio > 0:
@@ -77,7 +79,8 @@ def roi_box_mean(fmap: torch.Tensor, rois: torch.Tensor, spatial_scale: float, o
 def slot_in_image(image: torch.Tensor, images: int) -> torch.Tensor:
     """(M,): each box's position among the boxes of its own image (0, 1, ... in the order given)."""
     order = torch.argsort(image, stable=True)
-    starts = torch.cumsum(torch.bincount(image, minlength=images), 0) - torch.bincount(image, minlength=images)
+    counts = torch.bincount(image, minlength=images)
+    starts = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(image)
     slot[order] = torch.arange(image.numel(), device=image.device) - starts[image[order]]
     return slot

@@ -60,6 +60,13 @@ def test_float32_agrees_to_rounding_and_no_boxes_give_no_rows():
     assert fmap.grad is None or not fmap.grad.any()
 
 
+def test_bfloat16_maps_are_pooled_in_float32_like_roi_align_under_autocast():
+    fmap, rois = _case(16, 16, 2, dtype=torch.float32)
+    ours = roi_box_mean(fmap.bfloat16(), rois, 1 / 8)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, _reference(fmap.bfloat16().float(), rois, 1 / 8, 7, -1), rtol=1e-5, atol=1e-6)
+
+
 def test_each_box_gets_its_place_among_its_own_images_boxes():
     image = torch.tensor([2, 0, 2, 2, 1, 0])
     assert slot_in_image(image, 4).tolist() == [0, 0, 1, 2, 0, 1]
