@@ -277,6 +277,29 @@ def test_every_algorithm_preset_is_a_row_placed_by_its_own_file(tmp_path: Path, 
         table.algorithm_presets()
 
 
+def test_a_changed_results_file_is_an_output_and_a_changed_code_file_is_not(tmp_path: Path):
+    import subprocess
+
+    from resfl_lightning.analysis.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "t.md").write_text("old\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = git_commit(tmp_path)
+    assert len(head) == 40
+    (tmp_path / "docs" / "results" / "t.md").write_text("rewritten by a resumed command\n")
+    (tmp_path / "new_untracked.py").write_text("")
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == f"{head} (with uncommitted changes)"
+
+
 def test_results_file_carries_its_provenance(tmp_path: Path):
     import os
 
