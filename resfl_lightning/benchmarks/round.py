@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from resfl_lightning.benchmarks.goals import goal_verdict
+
 OUT_ENV, T0_ENV, PLAIN_ENV = "RESFL_BENCH_ROUND_OUT", "RESFL_BENCH_ROUND_T0", "RESFL_BENCH_ROUND_PLAIN"
 CHILD_MODULE = "resfl_lightning.cli.bench_round_child"  # instrumented_run around the train entry point
 OVERHEAD_TARGET, SPEEDUP_TARGET = 1.03, 1.8  # issue 27's round-overhead goal; DEVICES=2 speed-up
@@ -168,19 +170,6 @@ def summarise(one: dict, two: dict) -> dict:
             "first_step_s": first, "imports_s": one["t_main"] - one["t_start"]}
 
 
-def _verdict(value: float, target: float, at_most: bool) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    ok = value <= target if at_most else value >= target
-    return f"{'<=' if at_most else '>='} {target:.2f}x: {'met' if ok else 'not met'}"
-
-
-def _verdict_s(value: float, target: float) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    return f"<= {target:.1f} s: {'met' if value <= target else 'not met'}"
-
-
 def table(r: dict, title: str = ""):
     from rich.table import Table
 
@@ -193,10 +182,10 @@ def table(r: dict, title: str = ""):
     t.add_row(ROW_EVAL, f"{r['eval']:.3f} s", "counted separately")
     t.add_row(ROW_ROUND, f"{r['round_s']:.3f} s", "")
     t.add_row(ROW_PLAIN, f"{r['plain_s']:.3f} s", f"{r['plain_steps']} steps")
-    t.add_row(ROW_OVERHEAD, f"{r['overhead']:.3f}x", _verdict(r["overhead"], OVERHEAD_TARGET, at_most=True))
+    t.add_row(ROW_OVERHEAD, f"{r['overhead']:.3f}x", goal_verdict(r["overhead"], OVERHEAD_TARGET))
     t.add_row(ROW_WALL1, f"{r['wall1']:.3f} s", "")
     t.add_row(ROW_WALL2, f"{r['wall2']:.3f} s", f"{r['world2']} processes (gloo)")
-    t.add_row(ROW_SPEEDUP, f"{r['speedup']:.3f}x", _verdict(r["speedup"], SPEEDUP_TARGET, at_most=False))
-    t.add_row(ROW_FIRST, f"{r['first_step_s']:.3f} s", _verdict_s(r["first_step_s"], FIRST_STEP_TARGET_S))
-    t.add_row(ROW_IMPORTS, f"{r['imports_s']:.3f} s", _verdict_s(r["imports_s"], IMPORTS_TARGET_S))
+    t.add_row(ROW_SPEEDUP, f"{r['speedup']:.3f}x", goal_verdict(r["speedup"], SPEEDUP_TARGET, at_most=False))
+    t.add_row(ROW_FIRST, f"{r['first_step_s']:.3f} s", goal_verdict(r["first_step_s"], FIRST_STEP_TARGET_S, unit="s"))
+    t.add_row(ROW_IMPORTS, f"{r['imports_s']:.3f} s", goal_verdict(r["imports_s"], IMPORTS_TARGET_S, unit="s"))
     return t

@@ -13,6 +13,7 @@ from rich.table import Table
 
 import resfl_lightning.env  # noqa: F401
 from resfl_lightning.aggregation.streaming import StreamingWeightedSum
+from resfl_lightning.benchmarks.goals import goal_verdict
 from resfl_lightning.clients.base import AdversarySettings, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import detection_collate
@@ -148,8 +149,7 @@ def step_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
         med = statistics.median(step_times(weights, scale, image_size, batch, steps, adversary))
         base = base or med
         ratio = med / base
-        verdict = "-" if goal is None else f"<= {goal:.2f}x: {'met' if ratio <= goal else 'not met'}"
-        table.add_row(name, f"{med:.3f}", f"{ratio:.2f}x", verdict)
+        table.add_row(name, f"{med:.3f}", f"{ratio:.2f}x", "-" if goal is None else goal_verdict(ratio, goal))
     return table
 
 

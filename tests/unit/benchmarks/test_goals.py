@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resfl_lightning.benchmarks.round import _verdict_s
+from resfl_lightning.benchmarks.goals import goal_verdict
 from resfl_lightning.benchmarks.scale import scale_goal
 
 
@@ -13,6 +13,12 @@ def test_the_10000_client_row_carries_both_goals_and_the_others_none():
 
 
 def test_startup_goals_in_seconds():
-    assert _verdict_s(2.5, 2.5) == "<= 2.5 s: met"
-    assert _verdict_s(2.51, 2.5) == "<= 2.5 s: not met"
-    assert _verdict_s(float("nan"), 1.5) == "n/a"
+    assert goal_verdict(2.5, 2.5, unit="s") == "<= 2.5 s: met"
+    assert goal_verdict(2.51, 2.5, unit="s") == "<= 2.5 s: not met"
+    assert goal_verdict(float("nan"), 1.5, unit="s") == "n/a"
+
+
+def test_ratio_goals_at_most_and_at_least():
+    assert goal_verdict(1.08, 1.08) == "<= 1.08x: met" and goal_verdict(1.09, 1.08) == "<= 1.08x: not met"
+    assert goal_verdict(1.8, 1.8, at_most=False) == ">= 1.80x: met"
+    assert goal_verdict(1.79, 1.8, at_most=False) == ">= 1.80x: not met"
