@@ -38,6 +38,7 @@ from resfl_lightning.analysis.tune_rule import (
     TrialValues,
     fairness_increase,
     fallback_label,
+    learned_floor,
     mean_over,
     merged_tuned,
     select_trial,
@@ -161,7 +162,8 @@ class References:
     def read(cls, out: Path, seeds: list[int], settings: TuneSettings) -> References:
         learned = (None if settings.learned_reference is None
                    else preset_values(out, settings.learned_reference, seeds, settings))
-        fallback = preset_values(out, settings.reference_fallback, seeds, settings)
+        fallback = (learned if learned is not None and learned.method == settings.reference_fallback
+                    else preset_values(out, settings.reference_fallback, seeds, settings))  # FedAvg's, read once
         return cls(learned, floored(fallback, learned, settings))
 
 
@@ -229,9 +231,8 @@ def learned_floor_line(learned: TrialValues, fraction: float, seeds: list[int]) 
     """Rule version 3's floor per seed, as the trial log states it."""
     cells = []
     for s in seeds:
-        ref, trivial = learned.utility.get(s), learned.trivial.get(s)
-        known = ref is not None and trivial is not None and math.isfinite(ref) and math.isfinite(trivial)
-        cells.append(f"seed {s}: {trivial + fraction * (ref - trivial):.4f}" if known and ref > trivial
+        floor = learned_floor(learned.utility.get(s), learned.trivial.get(s), fraction)
+        cells.append(f"seed {s}: {floor:.4f}" if floor is not None
                      else f"seed {s}: the table's floor alone ({fallback_label(learned)} has no gain there)")
     return (f"Learned floor (a trial must reach it on every tuning seed): a constant prediction's validation utility "
             f"plus {fraction:g} x the gain of {fallback_label(learned)} over it; " + ", ".join(cells) + ".")

@@ -69,6 +69,14 @@ def learned_seeds(trial: TrialValues, seeds: Sequence[int]) -> list[int]:
     return [s for s in seeds if _finite(trial.utility.get(s)) and trial.below_floor.get(s) is None]
 
 
+def learned_floor(reference_utility: float | None, trivial: float | None, fraction: float) -> float | None:
+    """Rule version 3's floor on one seed: the constant prediction's utility plus `fraction` of the reference preset's
+    gain over it; None where the reference has no value or no gain there (the table's floor alone applies)."""
+    if not (_finite(reference_utility) and _finite(trivial)) or reference_utility <= trivial:
+        return None
+    return trivial + fraction * (reference_utility - trivial)
+
+
 def with_learned_floor(trial: TrialValues, reference: TrialValues, fraction: float) -> TrialValues:
     """`trial` with rule version 3's floor added to its `below_floor`: on each seed where the reference preset gained
     g > 0 over the constant predictor (its validation utility minus `trivial`), the trial did not learn if it gained
@@ -76,12 +84,13 @@ def with_learned_floor(trial: TrialValues, reference: TrialValues, fraction: flo
     already below the table's floor keeps that reason."""
     below = dict(trial.below_floor)
     for s, u in trial.utility.items():
-        ref, trivial = reference.utility.get(s), trial.trivial.get(s)
-        if below.get(s) is not None or not (_finite(u) and _finite(ref) and _finite(trivial)):
+        trivial = trial.trivial.get(s)
+        floor = learned_floor(reference.utility.get(s), trivial, fraction)
+        if below.get(s) is not None or floor is None or not _finite(u):
             continue
-        gain = ref - trivial
-        if gain > 0 and u - trivial < fraction * gain - TIE_TOLERANCE:
-            below[s] = (f"val utility {u:.3f} < {trivial + fraction * gain:.3f}: gained {u - trivial:.3f} over a "
+        gain = reference.utility[s] - trivial
+        if u - trivial < fraction * gain - TIE_TOLERANCE:
+            below[s] = (f"val utility {u:.3f} < {floor:.3f}: gained {u - trivial:.3f} over a "
                         f"constant prediction, less than {fraction:g} x {fallback_label(reference)}'s {gain:.3f}")
     return replace(trial, below_floor=below)
 
