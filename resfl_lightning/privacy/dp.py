@@ -21,6 +21,7 @@ from opacus import GradSampleModule
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
@@ -28,12 +29,13 @@ from torch import nn
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
-from resfl_lightning.privacy import gaussian, grad_sample_store
+from resfl_lightning.privacy import bookkeeping, gaussian, grad_sample_store
 from resfl_lightning.privacy.budget import budget_parts
 from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
 from resfl_lightning.privacy.signal import median_noise_to_signal
 
 ACCOUNTANTS = ("prv", "rdp", "gdp")
+CLIPPINGS = ("bookkeeping", "per_sample")
 grad_sample_store.install()  # opacus' per-sample gradients without its zero-filled copy; bitwise the same
 # opacus' full backward hooks on the first layer (whose input needs no grad) make torch warn once; it is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
@@ -63,6 +65,9 @@ class DPConfig(Section):
     groupnorm_groups: str = setting("min32_c4", "groups of the GroupNorm replacing a BatchNorm2d: min32_c4 = the "
                                     "largest divisor of C <= min(32, C // 4); opacus = gcd(32, C)",
                                     choices=GROUPNORM_RULES)
+    clipping: str = setting("bookkeeping", "how per-example norms and clipped sums are computed: bookkeeping = a "
+                            "Linear layer's from its input and output gradient (privacy/bookkeeping.py), per_sample = "
+                            "opacus' materialised per-sample gradients; equal up to rounding", choices=CLIPPINGS)
     enabled: bool = setting(True, "false: the GroupNorm model only, trained without clipping, noise or accounting "
                             "(the layout's ablation)")
 
@@ -217,6 +222,20 @@ class ClientDPOptimizer(DPOptimizer):
             self.signal_norms.append(norm.detach() / self.expected_batch_size)
         super().add_noise()
 
+    def clip_and_accumulate(self) -> None:
+        """opacus' clipping; with book-keeping placeholders (privacy/bookkeeping.py) the norms and the clipped sums of
+        those parameters come from their factors, the same formulas otherwise (opacus' own code when there are none)."""
+        if not any(bookkeeping.holds_factors(p.grad_sample) for p in self.params):
+            return super().clip_and_accumulate()
+        samples = [bookkeeping.flat(p.grad_sample) for p in self.params]
+        norms = torch.stack([bookkeeping.per_sample_norms(s) for s in samples], dim=1).norm(2, dim=1)
+        clip = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        for p, sample in zip(self.params, samples, strict=True):
+            _check_processed_flag(p.grad_sample)
+            grad = bookkeeping.clipped_sum(sample, clip, p.dtype)
+            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
+            _mark_as_processed(p.grad_sample)
+
     def scale_grad(self) -> None:
         if self.loss_reduction == "mean":
             divisor = self.expected_batch_size * self.accumulated_iterations
@@ -234,7 +253,8 @@ class ClientDP:
     def __init__(self, settings: DPSettings, model: nn.Module):
         self.settings = settings
         self.model = model
-        self.grad_sample = GradSampleModule(model, loss_reduction="mean")  # strict: fails on BatchNorm
+        wrapper = bookkeeping.BookkeepingGradSampleModule if settings.clipping == "bookkeeping" else GradSampleModule
+        self.grad_sample = wrapper(model, loss_reduction="mean")  # strict: fails on BatchNorm
         self.accountant = create_accountant(settings.accountant)
         self.optimizer: ClientDPOptimizer | None = None
         self.q: float | None = None

@@ -8,12 +8,15 @@ clip or SGD step can tell apart), so `store` keeps the tensor the grad sampler r
 zero-filled buffers of every step were a third of a DP run (page faults on ~70 MB a step). Every other case
 (accumulation over a second forward of the same layer, a shorter batch, a tensor that views another) goes to
 opacus' own function unchanged. The final models are bitwise the same (tests/unit/privacy/test_grad_sample_store.py).
+A book-keeping placeholder (privacy/bookkeeping.py) is kept as it is, and materialised before opacus adds to or into it.
 """
 
 from __future__ import annotations
 
 import opacus.grad_sample.grad_sample_module as grad_sample_module
 import torch
+
+from resfl_lightning.privacy import bookkeeping
 
 _OPACUS_STORE = grad_sample_module.create_or_accumulate_grad_sample
 _OWNED = "_resfl_owned_grad_sample"  # set on a parameter whose _current_grad_sample is the sampler's own tensor
@@ -24,6 +27,15 @@ def store(*, param: torch.Tensor, grad_sample: torch.Tensor, max_batch_len: int)
     if not param.requires_grad:
         return
     current = getattr(param, "_current_grad_sample", None)
+    if bookkeeping.is_factored(grad_sample):
+        if current is None and grad_sample.shape[0] == max_batch_len:
+            param._current_grad_sample = grad_sample
+            setattr(param, _OWNED, False)
+            return
+        grad_sample = bookkeeping.materialise(grad_sample)
+    if current is not None and bookkeeping.is_factored(current):
+        param._current_grad_sample = current = bookkeeping.materialise(current)  # a fresh tensor opacus may add into
+        setattr(param, _OWNED, False)
     if current is None and grad_sample.shape[0] == max_batch_len and grad_sample._base is None:
         param._current_grad_sample = grad_sample
         setattr(param, _OWNED, True)

@@ -13,6 +13,7 @@ from resfl_lightning.config.load import load_config
 from resfl_lightning.data.reweighing import split_row_weights
 from resfl_lightning.losses.evidential import dirichlet_nll
 from resfl_lightning.models.tabular import TabularNet
+from resfl_lightning.privacy import bookkeeping
 from resfl_lightning.privacy.dp import DPSettings, prepare_model
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, make_client, toy_data
@@ -77,7 +78,8 @@ def test_dp_sgd_per_example_gradients_are_the_weighted_ones():
     client.train()
     optimizer.zero_grad(set_to_none=True)
     client.training_step(batch, 0).backward()
-    hooks = torch.cat([p.grad_sample.reshape(len(grads), -1) for p in client.model.parameters()], dim=1)
+    hooks = torch.cat([bookkeeping.dense(p.grad_sample).reshape(len(grads), -1) for p in client.model.parameters()],
+                      dim=1)
     w = client.row_weights[batch["index"]].unsqueeze(1)
     torch.testing.assert_close(hooks, w * torch.stack(grads), rtol=1e-4, atol=1e-6)
 

@@ -21,6 +21,7 @@ from resfl_lightning.losses.evidential import dirichlet_nll
 from resfl_lightning.losses.per_image import image_slice, image_targets, per_image_detection_loss
 from resfl_lightning.models.tabular import TabularNet
 from resfl_lightning.models.yolo import EvidentialYOLO, YoloSpec
+from resfl_lightning.privacy import bookkeeping
 from resfl_lightning.privacy.dp import (
     ClientDP,
     ClientDPOptimizer,
@@ -132,11 +133,11 @@ def per_example_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 
 
-def clipped_step_setup(clip: float, noise_multiplier: float):
+def clipped_step_setup(clip: float, noise_multiplier: float, clipping: str = "bookkeeping"):
     """A DP client (plain SGD at lr 1, clip C), its optimizer, one batch, and that batch's per-example gradients from
     a separate hook-free copy of the model (the independent reference both DP-SGD step tests compare with)."""
-    client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=noise_multiplier, max_grad_norm=clip),
-                               lr=1.0)
+    client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=noise_multiplier, max_grad_norm=clip,
+                                          clipping=clipping), lr=1.0)
     reference = prepare_model(TabularNet(NUM_FEATURES, (16, 8)))
     reference.load_state_dict(client.model.state_dict())
     data = toy_data(batch_size=16)
@@ -145,11 +146,13 @@ def clipped_step_setup(clip: float, noise_multiplier: float):
     batch = next(iter(data.train_loader(0, seed=1)))
     return client, optimizer, batch, per_example_grads(reference, batch["x"], batch["y"])
 
-def test_dp_step_is_the_mean_of_independently_clipped_per_example_gradients():
+@pytest.mark.parametrize("clipping", ["bookkeeping", "per_sample"])
+def test_dp_step_is_the_mean_of_independently_clipped_per_example_gradients(clipping):
     """With no noise and plain SGD at lr 1, the DP step equals -(sum_i clip_C(g_i)) / E[B], where g_i comes from a
-    separate hook-free model; every clipped g_i has norm <= C and some were clipped."""
+    separate hook-free model; every clipped g_i has norm <= C and some were clipped. Book-keeping's placeholders
+    stand for the same per-example gradients (materialised here only to compare)."""
     clip = 0.05
-    client, optimizer, batch, grads = clipped_step_setup(clip, noise_multiplier=0.0)
+    client, optimizer, batch, grads = clipped_step_setup(clip, noise_multiplier=0.0, clipping=clipping)
     norms = torch.stack([g.norm() for g in grads])
     clipped = [g * min(1.0, clip / (float(g.norm()) + 1e-6)) for g in grads]
     assert (norms > clip).any()
@@ -159,7 +162,9 @@ def test_dp_step_is_the_mean_of_independently_clipped_per_example_gradients():
     loss = client.training_step(batch, 0)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    hooks = torch.cat([p.grad_sample.reshape(len(grads), -1) for p in client.model.parameters()], dim=1)
+    samples = [bookkeeping.dense(p.grad_sample) for p in client.model.parameters()]
+    assert any(bookkeeping.is_factored(p.grad_sample) for p in client.model.parameters()) == (clipping == "bookkeeping")
+    hooks = torch.cat([s.reshape(len(grads), -1) for s in samples], dim=1)
     torch.testing.assert_close(hooks, torch.stack(grads), rtol=1e-4, atol=1e-6)
     optimizer.step()
     after = torch.cat([p.detach().reshape(-1) for p in client.model.parameters()])
