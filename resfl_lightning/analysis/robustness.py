@@ -52,7 +52,8 @@ def load_grid(path: Path | None = None) -> dict:
 
 
 def select(grid: dict, subset: str | None) -> dict:
-    """The grid restricted to a named subset (its fractions, attacks, report modes and defences)."""
+    """The grid restricted to a named subset (its fractions, attacks, report modes and defences), or with another
+    number of clients n (`clients`: the protocol's n = 4, f = 1 cells)."""
     if subset is None:
         return grid
     subsets = grid.get("subsets", {})
@@ -60,7 +61,11 @@ def select(grid: dict, subset: str | None) -> dict:
         raise RobustnessError(f"--subset {subset!r}: conf/table/robustness.yaml has {sorted(subsets)}")
     part = subsets[subset]
     out = dict(grid)
+    out["clients"] = int(part.get("clients", grid["clients"]))
     out["fractions"] = list(part.get("fractions", grid["fractions"]))
+    if any(count_from_fraction(out["clients"], f) < 1 for f in out["fractions"]):
+        raise RobustnessError(f"subset {subset!r}: a fraction of {out['fractions']} gives no attacker among "
+                              f"{out['clients']} clients")
     out["report_modes"] = list(part.get("report_modes", grid["report_modes"]))
     for key in ("attacks", "defences"):
         names = part.get(key, list(grid[key]))

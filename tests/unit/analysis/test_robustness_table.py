@@ -63,6 +63,24 @@ def test_unknown_subset_is_named():
     assert set(core["defences"]) >= {"fedavg", "resfl_robust"} and core["fractions"] == [0.1, 0.2]
 
 
+def test_the_n4_subset_is_the_protocols_four_clients_with_one_attacker():
+    grid = select(load_grid(), "n4")
+    cells = grid_cells(grid)
+    attacked = [c for c in cells if c.attack != CLEAN]
+    assert grid["clients"] == 4 and {c.fraction for c in attacked} == {0.25}
+    assert set(grid["attacks"]) == set(load_grid()["attacks"])  # every attack, every report mode
+    assert {c.report for c in attacked if c.defence == "resfl" and c.attack == "sign_flip"} == {
+        "honest", "sent", "lie", "mimic"}
+    assert not {"krum", "multi_krum", "bulyan"} & {c.defence for c in cells}
+    overrides = cell_overrides(grid, Cell("trimmed_mean", "alie", "honest", 0.25))
+    assert "dataset.num_clients=4" in overrides and "attack.byzantine.fraction=0.25" in overrides
+    assert "aggregation.beta=0.25" in overrides  # trimmed mean told f / n = 1 / 4
+    grid["fractions"] = [0.1]  # round(0.4) = 0 attackers: refused, not run as a clean cell
+    grid["subsets"] = {"tiny": {"clients": 4, "fractions": [0.1]}}
+    with pytest.raises(RobustnessError, match="no attacker among 4 clients"):
+        select(grid, "tiny")
+
+
 def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
     rows = [{"round": 0, "attack/byzantine_weight_share": 0.1}, {"round": 1, "attack/byzantine_weight_share": 0.3},
