@@ -13,6 +13,7 @@ from torch import nn
 from resfl_lightning.models.tabular import TabularNet
 from resfl_lightning.privacy import bookkeeping
 from resfl_lightning.privacy.dp import ClientDPOptimizer, prepare_model
+from tests.unit.privacy.test_grad_sample_store import Shared  # one Linear used twice in a forward
 
 torch.set_num_threads(1)
 
@@ -39,18 +40,6 @@ def test_a_linear_over_sequences_keeps_opacus_per_sample_gradients():
     layer = nn.Linear(4, 3)
     out = bookkeeping.factored_linear_grad_sample(layer, [torch.randn(2, 6, 4)], torch.randn(2, 6, 3))
     assert not any(bookkeeping.is_factored(v) for v in out.values())
-
-
-class Shared(nn.Module):
-    """One Linear used twice in a forward: its placeholder is materialised before opacus accumulates into it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = nn.Linear(6, 6)
-        self.head = nn.Linear(6, 2)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.inner(torch.relu(self.inner(x)))))
 
 
 def dp_steps(make, wrapper, x, y, backwards=1, steps=3):
