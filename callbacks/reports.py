@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from resfl_lightning.metrics.mechanism import ufm_fairness_correlation
 
@@ -24,12 +25,41 @@ def dp_run_metrics(latest: dict[int, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+DP_MAX_KEY, DP_LATEST_PREFIX = "reports.dp_epsilon_max", "reports.dp_latest."  # ServerState.extra keys
+
+
+def dp_state(epsilon_max: float, latest: dict[int, dict[str, float]]) -> dict[str, torch.Tensor]:
+    """The DP numbers over every client seen so far as checkpoint tensors: one (clients, 2) [client, value] table a
+    statistic (a client that lacks it has no row)."""
+    out = {DP_MAX_KEY: torch.tensor(epsilon_max, dtype=torch.float64)}
+    for key in sorted({k for stats in latest.values() for k in stats}):
+        rows = [[cid, stats[key]] for cid, stats in sorted(latest.items()) if key in stats]
+        out[DP_LATEST_PREFIX + key] = torch.tensor(rows, dtype=torch.float64).reshape(-1, 2)
+    return out
+
+
+def dp_from_state(extra: dict[str, torch.Tensor]) -> tuple[float, dict[int, dict[str, float]]]:
+    """The inverse of `dp_state` ((0, {}) when the checkpoint holds none)."""
+    latest: dict[int, dict[str, float]] = {}
+    for name, table in extra.items():
+        if name.startswith(DP_LATEST_PREFIX):
+            for cid, value in table.tolist():
+                latest.setdefault(int(cid), {})[name[len(DP_LATEST_PREFIX):]] = float(value)
+    return float(extra.get(DP_MAX_KEY, torch.tensor(0.0))), latest
+
+
 class ClientReportLogger:
+    """Per-client metrics of each round, and the DP-SGD numbers over every client seen so far (kept in the checkpoint's
+    ServerState.extra, so a resumed run with partial participation still counts the clients of earlier rounds)."""
+
     def __init__(self) -> None:
         self.dp_epsilon_max = 0.0  # DP-SGD: the largest epsilon any client has spent so far
         self.dp_latest: dict[int, dict[str, float]] = {}  # DP-SGD: client -> its latest accounting numbers
 
-    def on_round_end(self, reports, weights: dict[int, float], metrics: dict) -> None:
+    def on_fit_start(self, state) -> None:
+        self.dp_epsilon_max, self.dp_latest = dp_from_state(state.extra)
+
+    def on_round_end(self, reports, weights: dict[int, float], metrics: dict, state=None) -> None:
         # federation.client_validation=when_used: a client that skipped its validation reports NaN evaluation
         # fields (a validated one always has a finite val_utility); the client means are over validated clients.
         validated = [r for r in reports if math.isfinite(r.val_utility)]
@@ -56,6 +86,8 @@ class ClientReportLogger:
         self.dp_latest.update({r.client_id: r.dp_statistics for r in reports if r.dp_statistics})
         if self.dp_latest:
             metrics.update(dp_run_metrics(self.dp_latest))
+        if state is not None and (spent or self.dp_latest):  # in place: the orchestrator checkpoints it next
+            state.extra.update(dp_state(self.dp_epsilon_max, self.dp_latest))
         for key in sorted({k for r in reports for k in r.train_losses}):
             vals = [r.train_losses[key] for r in reports if key in r.train_losses]
             metrics[f"train/{key}"] = sum(vals) / len(vals)

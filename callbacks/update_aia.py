@@ -2,14 +2,16 @@
 
 Each rank summarises the updates of the clients it trains, labelled with the client's dominant training group
 (evaluation ground truth only). Rank 0, the server, trains its shadow clients from each round's global model.
-At the last round (and every `attack.every` rounds) the real rows are gathered to rank 0, which fits the probe on
-the shadow rows and scores it on the real ones. With IID shards (one dominant group among the real clients) no
-shadow client is trained and the attack reports itself not applicable.
+Every round the real rows are gathered to rank 0, which keeps them with the shadow rows in the checkpoint
+(ServerState.extra), so a resumed run attacks the same rows as an uninterrupted one. At the last round (and every
+`attack.every` rounds) rank 0 fits the probe on the shadow rows and scores it on the real ones. With IID shards (one
+dominant group among the real clients) no shadow client is trained and the attack reports itself not applicable.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
@@ -27,6 +29,23 @@ from resfl_lightning.attacks.update_features import update_features
 from resfl_lightning.callbacks.privacy import write_attack_file
 from resfl_lightning.config import ConfigError
 
+REAL_KEY, SHADOW_KEY = "update_aia.real", "update_aia.shadow"  # ServerState.extra prefixes
+
+
+def rows_to_state(rows: list[tuple[int, int, np.ndarray, int]], key: str) -> dict[str, torch.Tensor]:
+    """(round, client, features, label) rows as two tensors for ServerState.extra (a checkpoint holds tensors only)."""
+    meta = torch.tensor([[r[0], r[1], r[3]] for r in rows], dtype=torch.int64).reshape(-1, 3)
+    x = torch.from_numpy(np.stack([r[2] for r in rows])) if rows else torch.zeros((0, 0), dtype=torch.float32)
+    return {f"{key}.meta": meta, f"{key}.x": x}
+
+
+def rows_from_state(extra: dict[str, torch.Tensor], key: str) -> list[tuple[int, int, np.ndarray, int]]:
+    """The rows `rows_to_state` stored ([] when the checkpoint has none: a fresh run, or one before this attack)."""
+    if f"{key}.meta" not in extra:
+        return []
+    meta, x = extra[f"{key}.meta"].tolist(), extra[f"{key}.x"].numpy()
+    return [(int(r), int(c), x[i].copy(), int(lab)) for i, (r, c, lab) in enumerate(meta)]
+
 
 class UpdateAttributeInference(Attack):
     Settings = UpdateAiaSettings
@@ -34,7 +53,8 @@ class UpdateAttributeInference(Attack):
 
     def __init__(self, settings: UpdateAiaSettings, seed: int, every: int | None = None):
         self.settings, self.seed, self.every = settings, int(seed), every
-        self.rows: list[tuple[int, int, np.ndarray, int]] = []  # real updates: (round, client, features, label)
+        self.rows: list[tuple[int, int, np.ndarray, int]] = []  # this round's real updates on this rank
+        self.real_rows: list[tuple[int, int, np.ndarray, int]] = []  # rank 0: every round's, from every rank
         self.shadow_rows: list[tuple[int, int, np.ndarray, int]] = []  # (round, shadow client, features, label)
         self.labels: dict[int, int] = {}
         self.applicable = False
@@ -56,7 +76,10 @@ class UpdateAttributeInference(Attack):
                               f"(first layers: {[n for n, _ in self.segments[:5]]})")
         self.labels = real_client_labels(federation.data)
         self.applicable = applicable(self.labels)
-        self.rows, self.shadow_rows = [], []
+        self.rows, self.real_rows, self.shadow_rows = [], [], []
+        if federation.fabric.is_global_zero:  # a resumed run: the rows of the rounds its checkpoint holds
+            self.real_rows = rows_from_state(state.extra, REAL_KEY)
+            self.shadow_rows = rows_from_state(state.extra, SHADOW_KEY)
         if self.applicable and federation.fabric.is_global_zero:
             self.shadow = plan_shadow_clients(federation, s, self.seed, self.segments, self.prefixes)
             self.theta, self.int_buffers = state.theta.clone(), dict(state.int_buffers)
@@ -77,11 +100,17 @@ class UpdateAttributeInference(Attack):
             x = self.shadow.round_updates(layout, self.theta, self.int_buffers, round_idx)
             self.shadow_rows += [(round_idx, -(k + 1), x[k], label) for k, label in enumerate(self.shadow.labels)]
             self.theta, self.int_buffers = state.theta.clone(), dict(state.int_buffers)
-        if not attack_due(round_idx, federation.settings.rounds, self.every):
-            return
-        rows = sorted(self._gathered(federation), key=lambda r: (r[0], r[1]))  # every rank joins the collective
+        gathered = self._gathered(federation)  # every rank joins the collective, every round
+        self.rows = []
         if not federation.fabric.is_global_zero:
             return
+        self.real_rows += gathered
+        # kept in the state the orchestrator checkpoints after this hook (mutated in place: hooks return nothing)
+        state.extra.update(rows_to_state(self.real_rows, REAL_KEY))
+        state.extra.update(rows_to_state(self.shadow_rows, SHADOW_KEY))
+        if not attack_due(round_idx, federation.settings.rounds, self.every):
+            return
+        rows = sorted(self.real_rows, key=lambda r: (r[0], r[1]))
         dim = 3 * len(self.segments) + 3
         real_x = np.stack([r[2] for r in rows]) if rows else np.zeros((0, dim), np.float32)
         shadow_x = np.stack([r[2] for r in self.shadow_rows]) if self.shadow_rows else np.zeros((0, dim), np.float32)

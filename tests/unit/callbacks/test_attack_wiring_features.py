@@ -213,7 +213,7 @@ def _run_update_aia(fed, client, rounds, monkeypatch, labels=None):
     cb = UpdateAttributeInference(settings, seed=0)
     layout = FlatLayout.of(client)
     theta = layout.flatten(client)
-    state = SimpleNamespace(theta=theta, int_buffers=layout.int_buffers(client))
+    state = SimpleNamespace(theta=theta, int_buffers=layout.int_buffers(client), extra={})
     cb.on_fit_start(fed, client, layout, state)
     gen = torch.Generator().manual_seed(0)
     metrics: dict = {}
@@ -221,7 +221,7 @@ def _run_update_aia(fed, client, rounds, monkeypatch, labels=None):
         for cid in range(4):
             cb.on_client_end(fed, r, SimpleNamespace(client_id=cid), 1e-3 * torch.randn(layout.numel, generator=gen))
         state = SimpleNamespace(theta=theta + 1e-3 * torch.randn(layout.numel, generator=gen),
-                                int_buffers=state.int_buffers)
+                                int_buffers=state.int_buffers, extra=state.extra)
         cb.on_round_end(fed, r, layout, state, metrics)
     return cb, metrics, probe_inputs
 
@@ -231,17 +231,17 @@ def test_update_aia_probe_trains_on_shadow_updates_and_tests_on_real_ones(setup,
     fed = _fake_federation(data, tmp_path, rounds=3)
     cb, metrics, probe_inputs = _run_update_aia(fed, client, 3, monkeypatch, labels={0: 0, 1: 1, 2: 2, 3: 0})
     assert cb.prefixes == default_head_prefixes(client) == ["model.detector.model.22.", "model.nig."]
-    assert cb.applicable and len(cb.rows) == 12 and len(cb.shadow_rows) == 9  # 4 real, 3 shadow clients x 3 rounds
+    assert cb.applicable and len(cb.real_rows) == 12 and len(cb.shadow_rows) == 9  # 4 real, 3 shadow clients x 3 rounds
     assert [lab for *_, lab in cb.shadow_rows[:3]] == cb.shadow.labels
     assert metrics["attack/update_aia_applicable"] == 1.0 and 0 <= metrics["attack/update_aia_balanced_accuracy"] <= 1
     (train_x, train_y, test_x, test_y), = probe_inputs
-    real_x = np.stack([r[2] for r in cb.rows])
+    real_x = np.stack([r[2] for r in cb.real_rows])
     # The probe never sees a real client's update while training: none of its training rows is a real update,
     # every one is a shadow client's, and the real updates are exactly its test set.
     assert not any(np.isclose(real_x, row, rtol=0, atol=1e-7).all(axis=1).any() for row in train_x)
     np.testing.assert_array_equal(train_x, np.stack([r[2] for r in cb.shadow_rows]))
     np.testing.assert_array_equal(np.sort(test_x, axis=0), np.sort(real_x, axis=0))
-    np.testing.assert_array_equal(np.sort(test_y), np.sort([r[3] for r in cb.rows]))
+    np.testing.assert_array_equal(np.sort(test_y), np.sort([r[3] for r in cb.real_rows]))
     assert metrics["attack/update_aia_n_samples"] == 12 and metrics["attack/update_aia_n_shadow_samples"] == 9
     saved = json.loads((tmp_path / "attacks" / "update_aia_round_0002.json").read_text())
     assert {s["shadow_client"] for s in saved["train_samples"]} == {-1, -2, -3}
