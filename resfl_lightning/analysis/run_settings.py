@@ -53,8 +53,9 @@ def settings_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [f"{k}: {was} -> {new}" for k, (was, new) in pairs.items() if was != new]
 
 
-# Where a run lives is no setting of it: a table folder may be moved and resumed from its new place.
-LOCATION_KEYS = ("run_dir",)
+# Where a run lives is no setting of it: a table folder may be moved and resumed from its new place. Nor is whether
+# it continued from its own checkpoint (the launcher resumes an interrupted run: analysis/run_resume.py).
+LOCATION_KEYS = ("run_dir", "resume")
 # Nor is whether its batches were pinned (how fast they reach a GPU, never their values): runs saved with the old
 # default (false) match the current one (auto, which is false on a CPU).
 TRANSFER_KEYS = ("dataset.loader.pin_memory",)

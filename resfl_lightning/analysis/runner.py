@@ -111,21 +111,31 @@ def _launch(overrides: list[str], log: Path) -> int:
 
 
 def run_one(overrides: list[str], run_dir: Path) -> float:
-    """Train one run unless it already finished; returns its wall time (stored beside the run with its command)."""
+    """Train one run unless it already finished, continuing an unfinished one from its last checkpoint where it can
+    (analysis/run_resume.py); returns its wall time (stored beside the run with its command)."""
+    from resfl_lightning.analysis import run_resume
+
     timing = run_dir / "table_wall_s.json"
     if (done := finished_wall(run_dir)) is not None:
         return done
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "table_train.log"
+    after = run_resume.resumable_round(run_dir, overrides)
+    prior, attempts = run_resume.earlier_work(run_dir) if after is not None else (0.0, 0)
+    if after is not None and log.is_file():
+        log.replace(log.with_name(f"table_train.attempt{attempts}.log"))
+    run_resume.start_attempt(run_dir, prior, attempts + 1)
     t0 = time.perf_counter()
-    code = _launch(overrides, log)
-    wall = time.perf_counter() - t0
+    code = _launch([*overrides, "resume=true"] if after is not None else overrides, log)
+    wall = prior + time.perf_counter() - t0
     if code != 0:
         raise RuntimeError(f"run {run_dir} failed ({code}); see {log}")
+    record = {"wall_s": wall, "command": train_command(overrides), "launch": os.environ.get(LAUNCH_ENV, "forkserver")}
+    if after is not None:
+        record.update(resumed_after_round=after, attempts=attempts + 1)
     # written whole, then renamed: the other workers' scheduler reads these files while runs finish
     partial = timing.with_name(timing.name + ".partial")
-    partial.write_text(json.dumps({"wall_s": wall, "command": train_command(overrides),
-                                   "launch": os.environ.get(LAUNCH_ENV, "forkserver")}))
+    partial.write_text(json.dumps(record))
     os.replace(partial, timing)
     return wall
 
