@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.runner import is_finished
+from resfl_lightning.analysis.run_records import is_finished
 from resfl_lightning.resources import conf_dir
 
 

@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from resfl_lightning.analysis.run_records import finished_wall, is_finished, recorded_wall  # noqa: F401 (re-exported)
+
 # What `resfl train` imports before its first step; the forkserver imports them once for all runs of a table.
 PRELOAD = ("resfl_lightning.cli.train", "resfl_lightning.builders", "callbacks", "ultralytics.nn.tasks",
            "ultralytics.utils.loss", "opacus", "sklearn.linear_model", "scipy.stats")
@@ -32,23 +34,6 @@ LOST_STATUS = 255  # popen_forkserver's returncode when the forkserver's report 
 def exit_file(log_path: str) -> str:
     """Where the forked child records its exit code (beside its log)."""
     return log_path + ".exit"
-
-
-def recorded_wall(run_dir: Path) -> float | None:
-    """The run's wall time as the launcher recorded it when the run finished; None when not (yet) readable."""
-    try:
-        return float(json.loads((run_dir / "table_wall_s.json").read_text())["wall_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def finished_wall(run_dir: Path) -> float | None:
-    """The wall time of a finished run (its summary written and its timing recorded), None for any other run."""
-    return recorded_wall(run_dir) if (run_dir / "summary.json").is_file() else None
-
-
-def is_finished(run_dir: Path) -> bool:
-    return finished_wall(run_dir) is not None
 
 
 def train_command(overrides: list[str]) -> list[str]:

@@ -1,0 +1,24 @@
+"""What a table run's folder says about it: the wall time the launcher recorded when it finished, and whether it
+finished (read by the launcher, the scheduler and the stale-run check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def recorded_wall(run_dir: Path) -> float | None:
+    """The run's wall time as the launcher recorded it when the run finished; None when not (yet) readable."""
+    try:
+        return float(json.loads((run_dir / "table_wall_s.json").read_text())["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def finished_wall(run_dir: Path) -> float | None:
+    """The wall time of a finished run (its summary written and its timing recorded), None for any other run."""
+    return recorded_wall(run_dir) if (run_dir / "summary.json").is_file() else None
+
+
+def is_finished(run_dir: Path) -> bool:
+    return finished_wall(run_dir) is not None
