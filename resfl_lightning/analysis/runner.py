@@ -131,15 +131,32 @@ def job_kind(run_dir: Path) -> str:
     return re.sub(r"-s\d+(?=-|$)", "", run_dir.name)
 
 
+def _finished_walls(jobs: list[tuple[Path, list[str]]]) -> tuple[dict[Path, float], dict[str, list[float]]]:
+    """The finished jobs' wall times, and those walls by kind (each record read once)."""
+    finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}
+    walls: dict[str, list[float]] = {}
+    for rd, wall in finished.items():
+        walls.setdefault(job_kind(rd), []).append(wall)
+    return finished, walls
+
+
+def remaining_seconds(jobs: list[tuple[Path, list[str]]], workers: int) -> float | None:
+    """A rough time to finish the unfinished jobs: each as long as its kind's mean finished wall (the mean of all
+    finished runs for a kind not seen yet), shared over the workers; None before any run finished."""
+    finished, walls = _finished_walls(jobs)
+    if not finished:
+        return None
+    overall = sum(finished.values()) / len(finished)
+    left = [sum(k) / len(k) if (k := walls.get(job_kind(rd))) else overall for rd, _ in jobs if rd not in finished]
+    return sum(left) / max(1, min(workers, len(left) or 1))
+
+
 def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]]:
     """The jobs in the order to start them: finished jobs first (they only report), then unfinished jobs of a kind
     with no finished run yet (their length is unknown, so they must not come last) in the given order, then the others
     by their kind's mean finished wall time, longest first, so that the pool does not end on one long DP run while
     the other workers idle. Stable: equal keys keep the given order."""
-    finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}  # each record read once
-    walls: dict[str, list[float]] = {}
-    for rd, wall in finished.items():
-        walls.setdefault(job_kind(rd), []).append(wall)
+    finished, walls = _finished_walls(jobs)
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
@@ -181,9 +198,11 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
                 line = f"FAILED: {message}"
                 with lock:
                     failures.append(message)
+            left = remaining_seconds(jobs, workers) if done + 1 < len(jobs) else None
             with lock:
                 done += 1
-                report(f"[{done}/{len(jobs)}] {line}")
+                eta = f"; about {left / 60:.0f} min left (the kinds' mean wall times)" if left else ""
+                report(f"[{done}/{len(jobs)}] {line}{eta}")
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(workers, len(jobs))))]
     for t in threads:

@@ -38,6 +38,17 @@ def test_finished_first_then_unknown_kinds_in_order_then_longest_known_first(tmp
                      "fedavg_dp-s1", "resfl-s2", "fedavg-s1"]  # 90 s, 30 s, 10 s
 
 
+def test_the_time_left_is_the_waiting_runs_kind_means_over_the_workers(tmp_path: Path):
+    jobs = [(tmp_path / n, [n]) for n in ("a-s0", "a-s1", "b-s0", "a-s2", "b-s1", "c-s0")]
+    assert runner.remaining_seconds(jobs, 2) is None  # nothing finished: no estimate
+    finish(tmp_path / "a-s0", 100.0)
+    finish(tmp_path / "a-s1", 200.0)
+    finish(tmp_path / "b-s0", 50.0)
+    # a-s2: a's mean 150; b-s1: 50; c-s0 (kind not seen): the mean of every finished run, 350 / 3
+    assert runner.remaining_seconds(jobs, 2) == (150.0 + 50.0 + 350.0 / 3) / 2
+    assert runner.remaining_seconds(jobs[:3] + jobs[5:], 4) == 350.0 / 3  # one left: one worker's time
+
+
 def test_a_free_worker_takes_the_longest_run_known_when_it_asks(tmp_path: Path, monkeypatch):
     # Two workers. Once short-s0 finished, "short" is a known short kind while "dp" is not known yet (dp-s0 still
     # runs): dp-s1 must start before the remaining short runs although it is listed last (in the given order it would
