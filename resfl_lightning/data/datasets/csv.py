@@ -133,12 +133,12 @@ class CsvDataset(FederatedDataset):
 
     def build(self, seed: int):
         """Read and preprocess the table, then shard its training rows over the clients."""
-        from resfl_lightning.data.table_loader import load_table
+        from resfl_lightning.data.table_cache import cached_load_table
         from resfl_lightning.data.tabular import federated_tabular_data
 
         spec = self.table_spec()
         train_path, test_path = self.data_paths()
-        table = load_table(train_path, test_path, spec, test_fraction=self.test_fraction, seed=seed)
+        table = cached_load_table(train_path, test_path, spec, test_fraction=self.test_fraction, seed=seed)
         self.check_loaded(table)
         log.info("dataset %s: groups %s", self.name, ", ".join(f"{i}={g}" for i, g in enumerate(table.group_names)))
         data = federated_tabular_data(
