@@ -29,17 +29,9 @@ def adult_run(run_dir: Path, root: Path, *extra: str) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def adult_root(shared_data: Path) -> Path:
-    root = shared_data / "adult"
-    if not (root / "adult.data").is_file():
-        pytest.skip(f"Adult files not found under {root}")
-    return root
-
-
-@pytest.fixture(scope="module")
-def whole(adult_root: Path, tmp_path_factory) -> Path:
+def whole(adult_dir: Path, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("resume_state") / "whole"
-    assert adult_run(run_dir, adult_root).returncode == 0
+    assert adult_run(run_dir, adult_dir).returncode == 0
     return run_dir
 
 
@@ -52,11 +44,11 @@ def assert_same_update_aia(a: dict, b: dict) -> None:
         assert json.dumps(a[key]) == json.dumps(b[key]), key  # NaN-safe: the same text
 
 
-def test_resume_keeps_update_aia_rows_and_dp_numbers(whole: Path, adult_root: Path, tmp_path: Path):
+def test_resume_keeps_update_aia_rows_and_dp_numbers(whole: Path, adult_dir: Path, tmp_path: Path):
     crashed = tmp_path / "crashed"
-    proc = adult_run(crashed, adult_root, "debug.crash_after_round=1")
+    proc = adult_run(crashed, adult_dir, "debug.crash_after_round=1")
     assert proc.returncode != 0 and "simulated crash after round 1" in proc.stderr
-    done = adult_run(crashed, adult_root, "resume=true")
+    done = adult_run(crashed, adult_dir, "resume=true")
     assert done.returncode == 0, done.stderr[-4000:]
     assert_same_states(final_states(whole), final_states(crashed), exact=True)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, crashed))
@@ -69,9 +61,9 @@ def test_resume_keeps_update_aia_rows_and_dp_numbers(whole: Path, adult_root: Pa
     assert_same_update_aia(reference, update_aia_file(crashed))
 
 
-def test_two_processes_gather_the_same_update_aia_rows(whole: Path, adult_root: Path, tmp_path: Path):
+def test_two_processes_gather_the_same_update_aia_rows(whole: Path, adult_dir: Path, tmp_path: Path):
     """The rows are gathered to rank 0 every round (to be checkpointed): two ranks attack the rows one rank does."""
     two = tmp_path / "two"
-    proc = adult_run(two, adult_root, "fabric.devices=2")
+    proc = adult_run(two, adult_dir, "fabric.devices=2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_same_update_aia(update_aia_file(whole), update_aia_file(two))
