@@ -140,15 +140,17 @@ def _finished_walls(jobs: list[tuple[Path, list[str]]]) -> tuple[dict[Path, floa
     return finished, walls
 
 
-def remaining_seconds(jobs: list[tuple[Path, list[str]]], workers: int) -> float | None:
-    """A rough time to finish the unfinished jobs: each as long as its kind's mean finished wall (the mean of all
-    finished runs for a kind not seen yet), shared over the workers; None before any run finished."""
-    finished, walls = _finished_walls(jobs)
+def remaining_seconds(left: list[Path], finished: dict[Path, float], workers: int) -> float | None:
+    """A rough time to finish the runs `left`: each as long as its kind's mean wall among the `finished` ones (the
+    mean of all finished runs for a kind not seen yet), shared over the workers; None before any run finished."""
     if not finished:
         return None
+    walls: dict[str, list[float]] = {}
+    for rd, wall in finished.items():
+        walls.setdefault(job_kind(rd), []).append(wall)
     overall = sum(finished.values()) / len(finished)
-    left = [sum(k) / len(k) if (k := walls.get(job_kind(rd))) else overall for rd, _ in jobs if rd not in finished]
-    return sum(left) / max(1, min(workers, len(left) or 1))
+    times = [sum(k) / len(k) if (k := walls.get(job_kind(rd))) else overall for rd in left]
+    return sum(times) / max(1, min(workers, len(times)))
 
 
 def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]]:
@@ -177,6 +179,8 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
     waiting = list(jobs)
     lock = threading.Lock()
     done = 0
+    finished = _finished_walls(jobs)[0]  # then kept up to date in memory, for the time-left estimate
+    settled: set[Path] = set(finished)
 
     def take() -> tuple[Path, list[str]] | None:
         with lock:
@@ -191,16 +195,21 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         nonlocal done
         while (job := take()) is not None:
             rd, overrides = job
+            wall = None
             try:
-                line = f"{rd.name}: {run_one(overrides, rd):.0f} s"
+                wall = run_one(overrides, rd)
+                line = f"{rd.name}: {wall:.0f} s"
             except Exception as err:  # noqa: BLE001  (a worker outlives any one job; the job is reported failed)
                 message = str(err) if isinstance(err, RuntimeError) else f"run {rd}: {type(err).__name__}: {err}"
                 line = f"FAILED: {message}"
                 with lock:
                     failures.append(message)
-            left = remaining_seconds(jobs, workers) if done + 1 < len(jobs) else None
             with lock:
                 done += 1
+                settled.add(rd)
+                if wall is not None:
+                    finished[rd] = wall
+                left = remaining_seconds([r for r, _ in jobs if r not in settled], finished, workers)
                 eta = f"; about {left / 60:.0f} min left (the kinds' mean wall times)" if left else ""
                 report(f"[{done}/{len(jobs)}] {line}{eta}")
 

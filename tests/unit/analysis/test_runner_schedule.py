@@ -39,14 +39,29 @@ def test_finished_first_then_unknown_kinds_in_order_then_longest_known_first(tmp
 
 
 def test_the_time_left_is_the_waiting_runs_kind_means_over_the_workers(tmp_path: Path):
-    jobs = [(tmp_path / n, [n]) for n in ("a-s0", "a-s1", "b-s0", "a-s2", "b-s1", "c-s0")]
-    assert runner.remaining_seconds(jobs, 2) is None  # nothing finished: no estimate
-    finish(tmp_path / "a-s0", 100.0)
-    finish(tmp_path / "a-s1", 200.0)
-    finish(tmp_path / "b-s0", 50.0)
+    left = [tmp_path / n for n in ("a-s2", "b-s1", "c-s0")]
+    assert runner.remaining_seconds(left, {}, 2) is None  # nothing finished: no estimate
+    finished = {tmp_path / "a-s0": 100.0, tmp_path / "a-s1": 200.0, tmp_path / "b-s0": 50.0}
     # a-s2: a's mean 150; b-s1: 50; c-s0 (kind not seen): the mean of every finished run, 350 / 3
-    assert runner.remaining_seconds(jobs, 2) == (150.0 + 50.0 + 350.0 / 3) / 2
-    assert runner.remaining_seconds(jobs[:3] + jobs[5:], 4) == 350.0 / 3  # one left: one worker's time
+    assert runner.remaining_seconds(left, finished, 2) == (150.0 + 50.0 + 350.0 / 3) / 2
+    assert runner.remaining_seconds(left[2:], finished, 4) == 350.0 / 3  # one left: one worker's time
+
+
+def test_progress_lines_carry_the_time_left_from_the_runs_finished_so_far(tmp_path: Path, monkeypatch):
+    """The estimate uses the walls run_one returned (no re-read of the run folders); a failed run is not left."""
+    walls = {"a-s0": 100.0, "a-s1": 300.0, "a-s2": 200.0}
+
+    def fake_run_one(overrides, rd):
+        if rd.name.startswith("bad"):
+            raise ValueError("broken")
+        return walls[rd.name]
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    lines: list[str] = []
+    names = ["a-s0", "a-s1", "bad-s0", "a-s2"]
+    runner.run_jobs([(tmp_path / n, []) for n in names], 1, lines.append)
+    assert lines[-1].startswith("[4/4]") and "min left" not in lines[-1]
+    assert any(line.startswith("[3/4]") and "about 3 min left" in line for line in lines)  # a-s2 at a's mean 200 s
 
 
 def test_a_free_worker_takes_the_longest_run_known_when_it_asks(tmp_path: Path, monkeypatch):
