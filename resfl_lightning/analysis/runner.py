@@ -131,9 +131,12 @@ def job_kind(run_dir: Path) -> str:
     return re.sub(r"-s\d+(?=-|$)", "", run_dir.name)
 
 
-def _finished_walls(jobs: list[tuple[Path, list[str]]]) -> tuple[dict[Path, float], dict[str, list[float]]]:
-    """The finished jobs' wall times, and those walls by kind (each record read once)."""
-    finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}
+def _finished_walls(jobs: list[tuple[Path, list[str]]], finished: dict[Path, float] | None = None
+                    ) -> tuple[dict[Path, float], dict[str, list[float]]]:
+    """The finished jobs' wall times (read from their folders, each record once, unless given), and those walls by
+    kind."""
+    if finished is None:
+        finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}
     walls: dict[str, list[float]] = {}
     for rd, wall in finished.items():
         walls.setdefault(job_kind(rd), []).append(wall)
@@ -153,12 +156,14 @@ def remaining_seconds(left: list[Path], finished: dict[Path, float], workers: in
     return sum(times) / max(1, min(workers, len(times)))
 
 
-def scheduled(jobs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]]:
+def scheduled(jobs: list[tuple[Path, list[str]]], finished: dict[Path, float] | None = None
+              ) -> list[tuple[Path, list[str]]]:
     """The jobs in the order to start them: finished jobs first (they only report), then unfinished jobs of a kind
     with no finished run yet (their length is unknown, so they must not come last) in the given order, then the others
     by their kind's mean finished wall time, longest first, so that the pool does not end on one long DP run while
-    the other workers idle. Stable: equal keys keep the given order."""
-    finished, walls = _finished_walls(jobs)
+    the other workers idle. Stable: equal keys keep the given order. `finished`: the finished runs' walls when the
+    caller keeps them (run_jobs), else read from the run folders."""
+    finished, walls = _finished_walls(jobs, finished)
 
     def key(job: tuple[Path, list[str]]) -> tuple[int, float]:
         rd = job[0]
@@ -179,7 +184,7 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
     waiting = list(jobs)
     lock = threading.Lock()
     done = 0
-    finished = _finished_walls(jobs)[0]  # then kept up to date in memory, for the time-left estimate
+    finished = _finished_walls(jobs)[0]  # read once, then kept up to date in memory (scheduling, time left)
     settled: set[Path] = set(finished)
 
     def take() -> tuple[Path, list[str]] | None:
@@ -187,7 +192,7 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
             if not waiting:
                 return None
             names = {rd for rd, _ in waiting}
-            job = next(j for j in scheduled(jobs) if j[0] in names)
+            job = next(j for j in scheduled(jobs, finished) if j[0] in names)
             waiting.remove(job)
             return job
 
