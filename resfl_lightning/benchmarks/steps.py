@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import warnings
 
 import torch
 from rich.table import Table
@@ -50,13 +51,17 @@ def synthetic_batch(image_size: int, batch: int) -> dict:
 
 
 def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, steps: int,
-               adversary: AdversarySettings | None = None) -> list[float]:
+               adversary: AdversarySettings | None = None, device: str = "cpu",
+               precision: str = "32-true") -> tuple[list[float], int]:
+    """Seconds of each timed step on `device` under `precision` (32-true or bf16-mixed autocast), and the host
+    syncs CUDA's sync debug mode reported over the timed steps (0 off CUDA, where nothing is counted)."""
     torch.manual_seed(0)
     client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01),
-                             adversary=adversary)
+                             adversary=adversary).to(device)
     if weights.lambda_curv > 0:
         every_image_correct(client)
-    return timed_steps(client, client.configure_optimizers(), batch, steps)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return timed_steps(client, client.configure_optimizers(), batch, steps, precision=precision, count_syncs=True)
 
 
 def every_image_correct(client: DetectionClient) -> None:
@@ -71,17 +76,38 @@ def every_image_correct(client: DetectionClient) -> None:
     client.correct_images = all_correct
 
 
-def timed_steps(client, opt, batch: dict, steps: int) -> list[float]:
-    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps."""
-    times = []
+PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16}  # the autocast dtype of each bench precision
+
+
+def timed_steps(client, opt, batch: dict, steps: int, precision: str = "32-true",
+                count_syncs: bool = False) -> list[float] | tuple[list[float], int]:
+    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps; with
+    count_syncs also the number of host syncs CUDA reported during the timed steps (CUDA only; 0 elsewhere)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"bench precision {precision!r}: choose one of {sorted(PRECISIONS)}")
+    device = next(client.parameters()).device
+    cuda = device.type == "cuda"
+    dtype = PRECISIONS[precision]
+    times, syncs = [], 0
     for i in range(steps + 2):
-        t0 = time.perf_counter()
-        loss = client.training_step(batch, i)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return times[2:]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda and i >= 2:
+                torch.cuda.synchronize(device)
+                torch.cuda.set_sync_debug_mode("warn")
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+                loss = client.training_step(batch, i)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        if i >= 2:
+            syncs += sum("synchronizing" in str(w.message).lower() for w in caught)
+    return (times[2:], syncs) if count_syncs else times[2:]
 
 
 def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str | None) -> list[float]:
@@ -133,10 +159,15 @@ def aggregation_cost(scale: str, image_size: int, clients: int) -> tuple[int, fl
     return layout.numel, elapsed, peak_bytes / (layout.numel * 4)
 
 
-def step_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
-    """Median seconds per training step of each loss variant, its ratio to FedAvg's and the goal it has."""
-    table = Table(title=f"train step, YOLOv8-{scale} at {image_size}px, batch {len(batch['img'])}, 1 thread")
-    for col in ("variant", "median s/step", "ratio vs fedavg", "goal"):
+def step_table(scale: str, image_size: int, batch: dict, steps: int, device: str = "cpu",
+               precision: str = "32-true") -> Table:
+    """Median seconds per training step of each loss variant, its ratio to FedAvg's and the goal it has; on CUDA also
+    the host syncs a step makes (CUDA's sync debug mode, counted over the timed steps)."""
+    where = "1 thread" if device == "cpu" else device
+    table = Table(title=f"train step, YOLOv8-{scale} at {image_size}px, batch {len(batch['img'])}, {where}, "
+                        f"{precision}")
+    cuda = torch.device(device).type == "cuda"
+    for col in ("variant", "median s/step", "ratio vs fedavg", "goal", *(["host syncs / step"] if cuda else [])):
         table.add_column(col, justify="right" if col != "variant" else "left")
     base = None
     rows = []
@@ -146,10 +177,12 @@ def step_table(scale: str, image_size: int, batch: dict, steps: int) -> Table:
             rows.append((SEPARABLE_ROWS[name], weights, SEPARABLE, STEP_GOALS.get(name)))
     rows.append((CHEAP_ROI[0], VARIANTS["resfl (task+adv+unc)"], CHEAP_ROI[1], None))
     for name, weights, adversary, goal in rows:
-        med = statistics.median(step_times(weights, scale, image_size, batch, steps, adversary))
+        times, syncs = step_times(weights, scale, image_size, batch, steps, adversary, device, precision)
+        med = statistics.median(times)
         base = base or med
         ratio = med / base
-        table.add_row(name, f"{med:.3f}", f"{ratio:.2f}x", "-" if goal is None else goal_verdict(ratio, goal))
+        table.add_row(name, f"{med:.3f}", f"{ratio:.2f}x", "-" if goal is None else goal_verdict(ratio, goal),
+                      *([f"{syncs / steps:.1f}"] if cuda else []))
     return table
 
 

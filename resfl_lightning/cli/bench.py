@@ -5,6 +5,7 @@ DEVICES=2 speed-up and the time to the first local step (round part), and per-st
 64 px, 1 round; 4 and 20 virtual clients of 64 rows, 2 rounds): a smoke test of the machinery, not a measurement.
 
 One part alone:
+  resfl bench steps [--device cuda] [--precision bf16-mixed]       the train-step table on a device
   resfl bench round [--quick] [--rounds 2]                       the round part
   resfl bench scale [--rounds 3] [--fraction 0.01] [--counts ...]  the scale part
   resfl bench aggregation [--counts 10 100] [--device cpu]        each rule's aggregation time per round
@@ -98,6 +99,35 @@ def scale_part(argv: list[str]) -> int:
     return 0
 
 
+def steps_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks.steps import PRECISIONS
+
+    p = argparse.ArgumentParser(prog="resfl bench steps",
+                                description="The train-step table alone, on a chosen device and precision: median "
+                                            "seconds a step of FedAvg's, RESFL's and RESFL + CurvFed's losses, the "
+                                            "ratios to FedAvg's and, on CUDA, the host syncs a step makes.")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--precision", default="32-true", choices=sorted(PRECISIONS))
+    p.add_argument("--scale", default="n")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="a femto detector, 64 px, 2 images, 2 steps (a smoke test)")
+    args = p.parse_args(argv)
+    import torch
+
+    from resfl_lightning.benchmarks.steps import step_table, synthetic_batch
+
+    if args.quick:
+        args.scale, args.image_size, args.batch, args.steps = "femto", 64, 2, 2
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"resfl bench steps: --device {args.device} but torch sees no CUDA device")
+    torch.set_num_threads(1)
+    batch = synthetic_batch(args.image_size, args.batch)
+    _console().print(step_table(args.scale, args.image_size, batch, args.steps, args.device, args.precision))
+    return 0
+
+
 def csv_part(argv: list[str]) -> int:
     from resfl_lightning.benchmarks import csv_load
 
@@ -131,7 +161,8 @@ def aggregation_part(argv: list[str]) -> int:
     return 0
 
 
-PARTS = {"round": round_part, "scale": scale_part, "csv": csv_part, "aggregation": aggregation_part}
+PARTS = {"steps": steps_part, "round": round_part, "scale": scale_part, "csv": csv_part,
+         "aggregation": aggregation_part}
 
 
 def main(argv: list[str] | None = None) -> int:

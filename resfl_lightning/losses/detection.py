@@ -46,6 +46,17 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         self.nig_gain = nig
         self.nig_detach_mean = nig_detach_mean
 
+    def follow(self, device: torch.device) -> None:
+        """Keep the criterion's constant tensors on the predictions' device: ultralytics fixes them at construction
+        (the model's device then), and Fabric later moves the client module, which this plain object is not part of."""
+        if self.proj.device == device:
+            return
+        self.device = device
+        self.proj = self.proj.to(device)
+        self.bbox_loss = self.bbox_loss.to(device)
+        if self.class_weights is not None:
+            self.class_weights = self.class_weights.to(device)
+
     def _padded_groups(self, batch: dict, batch_size: int, n_max: int) -> torch.Tensor:
         """Groups laid out like ultralytics' padded targets (B, n_max), -1 for padding/unknown."""
         out = torch.full((batch_size, n_max), -1, dtype=torch.long, device=self.device)
@@ -62,6 +73,7 @@ class EvidentialDetectionLoss(v8DetectionLoss):
         """The batch loss, normalised by the batch's target-score sum (ultralytics); with `per_image`, the mean over
         images of each image's loss normalised by its own target-score sum (per-example DP-SGD, losses/per_image.py)."""
         feats = out["feats"]
+        self.follow(out["boxes"].device)
         pred_distri = out["boxes"].permute(0, 2, 1).contiguous()
         logits = out["scores"].permute(0, 2, 1).contiguous().float()
         nig_raw = out["nig"].permute(0, 2, 1).reshape(logits.shape[0], logits.shape[1], 4, 3)

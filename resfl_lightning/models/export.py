@@ -39,7 +39,9 @@ class EvidentialLogit(nn.Module):
         super().__init__()
         self.num_classes = num_classes
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
+    # Unannotated: fx keeps a postponed (string) annotation as a global of the traced code, which torch 2.11 could
+    # not pickle (seen exporting on a GPU machine's torch 2.11).
+    def forward(self, z):
         alpha = 1.0 + F.softplus(z.float())
         alpha_c = alpha[:, : self.num_classes]
         rest = alpha.sum(1, keepdim=True) - alpha_c  # alpha_0 - alpha_c >= C: no cancellation

@@ -105,3 +105,23 @@ def test_tabular_dp_step_rows(printed):
         for cell in printed[label]:
             _positive(cell)
     assert printed[dp_tabular.ROWS["none"]][1] == "1.0x" and printed[dp_tabular.ROWS["opacus"]][2] == "1.00x"
+
+
+def test_steps_part_on_a_chosen_precision(monkeypatch, tmp_path):
+    """`resfl bench steps --quick --precision bf16-mixed`: the step table alone, every variant timed under autocast,
+    no host-sync column off CUDA; an unknown precision is refused."""
+    import contextlib
+    import io
+
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert bench.main(["steps", "--quick", "--precision", "bf16-mixed"]) == 0
+    text = out.getvalue()
+    assert "1 thread, bf16-mixed" in text and "host syncs" not in text
+    rows = _rows(text)
+    for variant in [*VARIANTS, *SEPARABLE_ROWS.values()]:
+        _positive(rows[variant][0])
+    with pytest.raises(SystemExit):
+        bench.main(["steps", "--quick", "--precision", "fp8"])

@@ -91,3 +91,19 @@ def test_validation_report_pieces_are_finite():
     metrics = client.test_metrics(loader)
     for key in ("map", "map_50", "delta_eop", "abs_one_minus_di", "ufm", "tpr/1", "tpr/2"):
         assert key in metrics
+
+
+def test_criterion_follows_the_predictions_to_their_device(monkeypatch):
+    """Fabric moves the client module to the GPU, not the criterion (a plain object whose constants ultralytics places
+    at construction): on CUDA every client failed with "mat is on cuda:0, different from other tensors on cpu"."""
+    client = make_client()
+    crit = client.criterion
+    seen = []
+    follow = crit.follow
+    monkeypatch.setattr(crit, "follow", lambda device: (seen.append(device), follow(device)))
+    client.training_step(tiny_batch(), 0)
+    assert seen and all(d == torch.device("cpu") for d in seen)  # compute() asks for the predictions' device
+    assert crit.proj.device.type == "cpu"
+    crit.follow(torch.device("meta"))
+    assert crit.device == torch.device("meta") and crit.proj.device.type == "meta"
+    assert all(t.device.type == "meta" for t in crit.bbox_loss.state_dict().values())

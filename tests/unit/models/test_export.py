@@ -263,3 +263,12 @@ def test_export_command_rebuilds_the_runs_own_export(tmp_path: Path):
     for (k, v), (k2, v2) in zip(ours.state_dict().items(), theirs.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(v, v2), k
     assert main([str(run_dir), "--weights", "swa"]) == 2  # the run kept no SWA average: named, nothing written
+
+
+def test_traced_logit_has_no_string_globals():
+    """torch 2.11 cannot pickle a traced module whose code globals hold a string (a postponed annotation became one):
+    the export failed on the GPU machine's torch 2.11; torch 2.14 pickles it, so this checks the cause itself."""
+    from resfl_lightning.models.export import evidential_logit
+
+    code = evidential_logit(2).graph.python_code("self")
+    assert not [k for k, v in code.globals.items() if isinstance(v, str)]
