@@ -137,10 +137,14 @@ def _finished_walls(jobs: list[tuple[Path, list[str]]], finished: dict[Path, flo
     kind."""
     if finished is None:
         finished = {rd: wall for rd, _ in jobs if (wall := finished_wall(rd)) is not None}
+    return finished, _walls_by_kind(finished)
+
+
+def _walls_by_kind(finished: dict[Path, float]) -> dict[str, list[float]]:
     walls: dict[str, list[float]] = {}
     for rd, wall in finished.items():
         walls.setdefault(job_kind(rd), []).append(wall)
-    return finished, walls
+    return walls
 
 
 def remaining_seconds(left: list[Path], finished: dict[Path, float], workers: int) -> float | None:
@@ -148,9 +152,7 @@ def remaining_seconds(left: list[Path], finished: dict[Path, float], workers: in
     mean of all finished runs for a kind not seen yet), shared over the workers; None before any run finished."""
     if not finished:
         return None
-    walls: dict[str, list[float]] = {}
-    for rd, wall in finished.items():
-        walls.setdefault(job_kind(rd), []).append(wall)
+    walls = _walls_by_kind(finished)
     overall = sum(finished.values()) / len(finished)
     times = [sum(k) / len(k) if (k := walls.get(job_kind(rd))) else overall for rd in left]
     return sum(times) / max(1, min(workers, len(times)))

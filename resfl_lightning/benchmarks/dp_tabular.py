@@ -50,7 +50,7 @@ def step_times(variant: str, steps: int, batch_size: int = ADULT_BATCH) -> list[
         opt = client.configure_optimizers()
         if variant != "none":
             opt.noise_multiplier, opt.expected_batch_size = 1.0, batch_size
-        return timed_steps(client, opt, batch, steps)
+        return timed_steps(client, opt, batch, steps)[0]
     finally:
         grad_sample_store.install()
 

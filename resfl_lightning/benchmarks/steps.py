@@ -61,7 +61,7 @@ def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, s
     if weights.lambda_curv > 0:
         every_image_correct(client)
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    return timed_steps(client, client.configure_optimizers(), batch, steps, precision=precision, count_syncs=True)
+    return timed_steps(client, client.configure_optimizers(), batch, steps, precision=precision)
 
 
 def every_image_correct(client: DetectionClient) -> None:
@@ -79,10 +79,9 @@ def every_image_correct(client: DetectionClient) -> None:
 PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16}  # the autocast dtype of each bench precision
 
 
-def timed_steps(client, opt, batch: dict, steps: int, precision: str = "32-true",
-                count_syncs: bool = False) -> list[float] | tuple[list[float], int]:
-    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps; with
-    count_syncs also the number of host syncs CUDA reported during the timed steps (CUDA only; 0 elsewhere)."""
+def timed_steps(client, opt, batch: dict, steps: int, precision: str = "32-true") -> tuple[list[float], int]:
+    """Seconds of each of `steps` training steps (forward, backward, optimizer step) after two warm-up steps, and the
+    number of host syncs CUDA reported during the timed steps (CUDA only; 0 elsewhere)."""
     if precision not in PRECISIONS:
         raise ValueError(f"bench precision {precision!r}: choose one of {sorted(PRECISIONS)}")
     device = next(client.parameters()).device
@@ -107,7 +106,7 @@ def timed_steps(client, opt, batch: dict, steps: int, precision: str = "32-true"
             times.append(time.perf_counter() - t0)
         if i >= 2:
             syncs += sum("synchronizing" in str(w.message).lower() for w in caught)
-    return (times[2:], syncs) if count_syncs else times[2:]
+    return times[2:], syncs
 
 
 def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str | None) -> list[float]:
@@ -136,7 +135,7 @@ def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str 
             opt.__class__ = DPOptimizer  # same object and state; only scale_grad differs
     with mock.patch("resfl_lightning.clients.detection.per_image_detection_loss", per_image_loss_loop) \
             if dp == "before" else contextlib.nullcontext():
-        return timed_steps(client, opt, batch, steps)
+        return timed_steps(client, opt, batch, steps)[0]
 
 
 def _spec(scale: str, image_size: int):

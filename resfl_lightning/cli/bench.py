@@ -23,13 +23,21 @@ def _console():
     return Console()
 
 
-def all_parts(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="resfl bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+QUICK_STEP = {"scale": "femto", "image_size": 64, "batch": 2, "steps": 2}  # --quick's step-table size
+
+
+def _step_arguments(p: argparse.ArgumentParser) -> None:
+    """The detector and batch every step table is measured on (all parts and `resfl bench steps`)."""
     p.add_argument("--scale", default="n")
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
+
+
+def all_parts(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="resfl bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _step_arguments(p)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--scale-rounds", type=int, default=3,
                    help="rounds per virtual-client run, the first a warm-up (0 skips that part)")
@@ -52,7 +60,7 @@ def all_parts(argv: list[str]) -> int:
 
     scale_counts, scale_rows = bench_scale.COUNTS, bench_scale.ROWS_PER_CLIENT
     if args.quick:
-        args.scale, args.image_size, args.batch, args.steps, args.clients = "femto", 64, 2, 2, 2
+        vars(args).update(QUICK_STEP, clients=2)
         args.scale_rounds, args.round_rounds = min(args.scale_rounds, 2), min(args.round_rounds, 1)
         scale_counts, scale_rows = (4, 20), 64
     torch.set_num_threads(1)
@@ -108,10 +116,7 @@ def steps_part(argv: list[str]) -> int:
                                             "ratios to FedAvg's and, on CUDA, the host syncs a step makes.")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--precision", default="32-true", choices=sorted(PRECISIONS))
-    p.add_argument("--scale", default="n")
-    p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=10)
+    _step_arguments(p)
     p.add_argument("--quick", action="store_true", help="a femto detector, 64 px, 2 images, 2 steps (a smoke test)")
     args = p.parse_args(argv)
     import torch
@@ -119,7 +124,7 @@ def steps_part(argv: list[str]) -> int:
     from resfl_lightning.benchmarks.steps import step_table, synthetic_batch
 
     if args.quick:
-        args.scale, args.image_size, args.batch, args.steps = "femto", 64, 2, 2
+        vars(args).update(QUICK_STEP)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"resfl bench steps: --device {args.device} but torch sees no CUDA device")
     torch.set_num_threads(1)
