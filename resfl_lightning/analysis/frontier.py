@@ -22,6 +22,7 @@ from resfl_lightning.analysis.frontier_rule import (
     PointSummary,
     Selection,
     confirmation_verdict,
+    default_kept_verdict,
     select_point,
     utility_floor,
 )
@@ -355,32 +356,60 @@ def _confirmation(grid: Grid, values: dict[str, dict[int, dict]], selected: Poin
     u = grid.rule["utility"][task]
     fed = t_test(list(series(values["fedavg"], UTILITY).values())).mean
     floor = utility_floor(task, fed, float(u.get("min_minus", 0.0)), float(u.get("min_times", 1.0)))
+    utility = t_test(list(series(values[selected.label], UTILITY).values())).mean
+    if selected == default:  # paired differences to itself are identically 0: only the utility floor can be checked
+        return default_kept_verdict(utility, floor)
     fair, conf = grid.rule["fairness"], float(grid.rule["fairness"]["confidence"])
     aia = paired_t(series(values[selected.label], grid.rule["minimise"]),
                    series(values[default.label], grid.rule["minimise"]), conf)
     gap = paired_t(series(values[selected.label], fair["metric"]), series(values[default.label], fair["metric"]),
                    conf)
-    return confirmation_verdict(t_test(list(series(values[selected.label], UTILITY).values())).mean, floor,
-                                aia.low, aia.high, gap.high, float(fair["max_upper"]))
+    return confirmation_verdict(utility, floor, aia.low, aia.high, gap.high, float(fair["max_upper"]))
 
 
-def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
-                     results: Path | None = None, grid_path: Path | None = None,
-                     command: str = "resfl frontier --confirm") -> Path:
-    """The confirmation stage: the selected point (OUT/selection.json), the default and FedAvg on the confirmation
-    seeds; writes OUT/confirmation.md with paired differences and their Student-t intervals."""
-    grid = load_grid(grid_path)
-    out = out or frontier_out(dataset, scenario, overrides)
+def parse_point(text: str, grid: Grid) -> Point:
+    """`STRENGTH,LAMBDA_PRIV` (e.g. `weak,0.1`) as a grid point of `grid`."""
+    strength, _, lam = text.partition(",")
+    try:
+        point = Point(strength.strip(), float(lam))
+    except ValueError:
+        raise FrontierError(f"--point {text!r}: expected STRENGTH,LAMBDA_PRIV such as weak,0.1") from None
+    if point.strength not in grid.strengths or point.lambda_priv not in grid.lambdas:
+        raise FrontierError(f"--point {text!r} is not a grid point (strengths {list(grid.strengths)}, lambda_priv "
+                            f"{grid.lambdas})")
+    return point
+
+
+def _saved_selection(out: Path, grid: Grid, grid_path: Path | None) -> tuple[Point, str]:
+    """The point OUT/selection.json holds, and the rule's reason for it."""
     path = out / "selection.json"
     if not path.is_file():
-        raise FrontierError(f"{path} does not exist: run the tuning stage (the same command without --confirm) first")
+        raise FrontierError(f"{path} does not exist: run the tuning stage (the same command without --confirm) "
+                            "first, or name the point a published frontier selected with --point")
     saved = json.loads(path.read_text())
     if saved.get("grid") != grid.text:
         raise FrontierError(f"{path} was selected under another grid file than {grid_path or grid_file()}; a "
                             "confirmation must test what the pre-registered rule selected")
     if saved["selected"] is None:
         raise FrontierError(f"nothing to confirm: {saved['reason']}")
-    selected = Point(saved["selected"]["strength"], float(saved["selected"]["lambda_priv"]))
+    point = Point(saved["selected"]["strength"], float(saved["selected"]["lambda_priv"]))
+    return point, f"Selected on the tuning seeds {grid.tuning_seeds}: {saved['reason']}."
+
+
+def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
+                     results: Path | None = None, grid_path: Path | None = None,
+                     command: str = "resfl frontier --confirm", point: str | None = None) -> Path:
+    """The confirmation stage: the selected point (OUT/selection.json, or `point` as STRENGTH,LAMBDA_PRIV when the
+    tuning runs are not on this machine), the default and FedAvg on the confirmation seeds; writes
+    OUT/confirmation.md with paired differences and their Student-t intervals."""
+    grid = load_grid(grid_path)
+    out = out or frontier_out(dataset, scenario, overrides)
+    if point is None:
+        selected, provenance = _saved_selection(out, grid, grid_path)
+    else:
+        selected = parse_point(point, grid)
+        provenance = (f"The point was named on the command line (--point {point}), not read from a selection made on "
+                      "this machine: the frontier's results file says which point its rule selected.")
     default, fedavg = Point(*grid.default), Point(baseline="fedavg")
     points = list(dict.fromkeys([selected, default, fedavg]))
     t0 = time.perf_counter()
@@ -392,7 +421,7 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
              f"RESFL default {default.label} vs FedAvg, {len(grid.confirmation_seeds)} confirmation seeds "
              f"{grid.confirmation_seeds[0]}-{grid.confirmation_seeds[-1]}; "
              + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs) + ")", "",
-             f"Selected on the tuning seeds {grid.tuning_seeds}: {saved['reason']}.", "",
+             provenance, "",
              f"Means [{pct} % Student-t interval] over the confirmation seeds:", "",
              "| run | n | " + " | ".join(h for _, h in METRICS) + " |", "| --- | ---: |" + " ---: |" * len(METRICS)]
     for p in points:
@@ -412,7 +441,9 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
                                      float(grid.rule["fairness"]["confidence"]))) for k, _ in METRICS]
         lines.append(f"| {a.label} − {b.label} | " + " | ".join(cells) + " |")
     confirmed, why = _confirmation(grid, values, selected, default)
-    lines += ["", f"**Verdict: {'confirmed' if confirmed else 'not confirmed'}** ({why})."]
+    word = ("default kept" if confirmed else "default kept, under the utility floor") if selected == default else (
+        "confirmed" if confirmed else "not confirmed")
+    lines += ["", f"**Verdict: {word}** ({why})."]
     if failures:
         lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
     text = "\n".join(lines) + "\n"

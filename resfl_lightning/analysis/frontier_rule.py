@@ -93,3 +93,11 @@ def confirmation_verdict(utility: float, floor: float, aia_low: float, aia_high:
          f"{'<=' if fairness_upper <= fairness_max_upper else '>'} {fairness_max_upper:+g}"),
     ]
     return all(ok for ok, _ in checks), "; ".join(text for _, text in checks)
+
+
+def default_kept_verdict(utility: float, floor: float) -> tuple[bool, str]:
+    """When the rule selected RESFL's default there is no change to confirm (its paired differences to itself are 0):
+    only whether the default still reaches the utility floor on the confirmation seeds."""
+    ok = math.isfinite(utility) and math.isfinite(floor) and utility >= floor
+    return ok, (f"the rule selected the default, so no default changes; its utility {utility:.4f} "
+                f"{'>=' if ok else '<'} floor {floor:.4f} on the confirmation seeds")

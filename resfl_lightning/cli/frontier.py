@@ -21,6 +21,9 @@ from resfl_lightning.cli.experiment_args import add_run_options, experiment_pars
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = experiment_parser("resfl frontier", __doc__, dataset="adult")
     p.add_argument("--confirm", action="store_true", help="run the confirmation of OUT/selection.json")
+    p.add_argument("--point", default=None, metavar="STRENGTH,LAMBDA_PRIV",
+                   help="with --confirm: confirm this grid point (e.g. weak,0.1: the one a published frontier "
+                        "selected) instead of OUT/selection.json, when the tuning runs are not on this machine")
     p.add_argument("--grid", type=Path, default=None, help="default conf/table/adversary_frontier.yaml")
     add_run_options(p, "default runs/frontier-<dataset>-<scenario>[-<dataset.* overrides>]",
                     "also write the markdown and figure into this folder")
@@ -33,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     from resfl_lightning.analysis.frontier import FrontierError, run_confirmation, run_frontier
 
     command = shlex.join(["resfl", "frontier", *argv])
+    if args.point is not None and not args.confirm:
+        raise SystemExit("--point names the point to confirm: use it with --confirm")
     try:
         if args.confirm:
             out = run_confirmation(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,
-                                   args.results, args.grid, command)
+                                   args.results, args.grid, command, args.point)
             print((out / "confirmation.md").read_text())
         else:
             out, selection = run_frontier(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,

@@ -164,6 +164,13 @@ def test_frontier_end_to_end_on_a_tiny_grid(adult_dir: Path, tmp_path: Path):
     assert (out / "resfl-weak-lp0.3-s110" / "summary.json").is_file() and (out / "fedavg-s110").is_dir()
     assert not (out / "resfl-strong-lp0.3-s110").exists()  # only the selected point, the default and FedAvg
     assert "| weak, λ_priv=0.3 − fedavg | n/a" in confirmation  # one seed: no interval
+    assert "**Verdict: default kept" in confirmation  # the rule selected the default: nothing to confirm
+    # a point named on the command line runs without this machine's selection.json, and says so
+    (out / "selection.json").unlink()
+    assert main([*args, "--confirm", "--point", "strong,0.3"]) == 0
+    named = (out / "confirmation.md").read_text()
+    assert "named on the command line (--point strong,0.3)" in named and "**Verdict: not confirmed**" in named
+    assert (out / "resfl-strong-lp0.3-s110" / "summary.json").is_file()
 
 
 def test_confirm_refuses_without_a_selection(tmp_path: Path):
@@ -186,3 +193,26 @@ def test_confirmation_verdict_needs_all_three_conditions():
     assert not confirmation_verdict(0.846, 0.843, -0.31, +0.01, -0.058, 0.02)[0]  # AIA interval holds 0
     assert not confirmation_verdict(0.846, 0.843, -0.31, -0.22, +0.03, 0.02)[0]  # fairness beyond the margin
     assert not confirmation_verdict(float("nan"), 0.843, -0.31, -0.22, -0.058, 0.02)[0]
+
+
+def test_keeping_the_default_is_judged_on_the_utility_floor_only():
+    from resfl_lightning.analysis.frontier_rule import default_kept_verdict
+
+    ok, why = default_kept_verdict(0.52, 0.49)
+    assert ok and "no default changes" in why and "0.5200 >= floor 0.4900" in why
+    assert not default_kept_verdict(0.47, 0.49)[0]
+    assert not default_kept_verdict(float("nan"), 0.49)[0]
+
+
+def test_a_named_point_must_be_on_the_grid(tmp_path: Path):
+    from resfl_lightning.analysis.frontier import FrontierError, Point, parse_point
+    from resfl_lightning.cli.frontier import main
+
+    grid = load_grid()
+    assert parse_point("weak,0.1", grid) == Point("weak", 0.1)
+    assert parse_point("strong, 1", grid) == Point("strong", 1.0)
+    for bad in ("weak,0.2", "medium,0.1", "weak"):
+        with pytest.raises(FrontierError, match="--point"):
+            parse_point(bad, grid)
+    with pytest.raises(SystemExit, match="use it with --confirm"):
+        main(["--point", "weak,0.1", "--out", str(tmp_path)])
