@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RESFL_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+@pytest.fixture(autouse=True)
+def _no_ledger_left_behind():
+    """An experiment command's --ledger is process-wide (analysis/run_ledger.py): one test's must not reach the next."""
+    yield
+    from resfl_lightning.analysis import run_ledger
+
+    run_ledger.use(None)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """Real test data kept beside the checkout (never committed); tests needing it skip without it."""

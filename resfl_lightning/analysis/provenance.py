@@ -34,10 +34,15 @@ def machine() -> str:
 
 
 def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = None) -> list[str]:
+    from resfl_lightning.analysis import run_ledger
+
     runs = "" if runs_wall_s is None else f" (the runs' own wall times sum to {runs_wall_s:.0f} s)"
-    return [f"- command: `{command}`", f"- commit: {git_commit()}",
-            f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-            f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
+    lines = [f"- command: `{command}`", f"- commit: {git_commit()}",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+             f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
+    ledger = run_ledger.active()
+    carried = ledger.provenance() if ledger is not None else None
+    return lines + ([carried] if carried else [])
 
 
 def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None,

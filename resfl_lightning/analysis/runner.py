@@ -182,10 +182,14 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
     """Train every (run_dir, overrides) not finished yet, `workers` at a time; each free worker takes the first
     waiting job in `scheduled` order as of that moment (so the runs that finished meanwhile inform it). Returns the
     failures' messages (one failed run never stops the others)."""
+    from resfl_lightning.analysis import run_ledger
+
     failures: list[str] = []
     waiting = list(jobs)
     lock = threading.Lock()
     done = 0
+    if (ledger := run_ledger.active()) is not None:
+        ledger.sync(jobs, report)  # runs finished on an earlier machine count as finished here
     finished = _finished_walls(jobs)[0]  # read once, then kept up to date in memory (scheduling, time left)
     settled: set[Path] = set(finished)
 
@@ -212,6 +216,8 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
                 with lock:
                     failures.append(message)
             with lock:
+                if wall is not None and ledger is not None and rd not in settled:
+                    ledger.record(rd)
                 done += 1
                 settled.add(rd)
                 if wall is not None:

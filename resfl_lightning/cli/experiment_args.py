@@ -21,14 +21,20 @@ def add_run_options(p: argparse.ArgumentParser, out_help: str, results_help: str
                    help="runs trained at once, each one process (default: one per CPU core)")
     p.add_argument("--out", type=Path, default=None, help=out_help)
     p.add_argument("--results", type=Path, default=None, help=results_help)
+    p.add_argument("--ledger", type=Path, default=None,
+                   help="carry finished runs between machines: restore the runs this machine lacks from DIR and add "
+                        "each run that finishes (analysis/run_ledger.py; commit DIR to continue elsewhere)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
 
 
 def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """The parsed options, with the counts checked (exit with the option's name)."""
+    from resfl_lightning.analysis import run_ledger
+
     args = p.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    run_ledger.use(getattr(args, "ledger", None))  # reset on every parse: one command, one ledger
     return args
 
 

@@ -1,0 +1,121 @@
+"""Finished runs carried from one machine to the next (`--ledger DIR` of the experiment commands).
+
+An experiment of thousands of runs outlives one machine: the runs' folders stay behind, and the next machine would
+train them again. The ledger keeps the small files the commands read from a finished run (FILES: never checkpoints)
+in gzipped JSON-lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
+be committed. On the next machine the same command restores each run it lacks from the ledger, then checks the
+restored config against what the command composes now exactly as it checks its own finished runs
+(analysis/run_settings.py): a run whose settings changed is trained again, never reused. Each entry records the
+commit, date and machine that made the run; the results header names the commits of the restored runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# A finished run as the experiment commands read it (summary, settings, wall time, per-round rows for the table's
+# mechanism lines, the Hydra config for compare.load_run).
+FILES = ("config.yaml", "summary.json", "table_wall_s.json", "metrics.jsonl", ".hydra/config.yaml",
+         ".hydra/overrides.yaml")
+CHUNK_RUNS = 100  # entries per chunk: each chunk is rewritten whole as it grows, then left as it is
+
+
+@dataclass
+class Ledger:
+    root: Path
+    stamp: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
+    restored: list[dict] = field(default_factory=list)  # the entries restored by this process (for provenance)
+    _chunks: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries of its open chunk
+    _counts: dict[str, int] = field(default_factory=dict)  # experiment -> chunks this process started
+
+    def entries(self, experiment: str) -> dict[str, dict]:
+        """run name -> its newest entry, over every chunk of the experiment (later chunk names win)."""
+        found: dict[str, dict] = {}
+        for chunk in sorted((self.root / experiment).glob("*.jsonl.gz")):
+            with gzip.open(chunk, "rt", encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    try:
+                        entry = json.loads(line)
+                        found[entry["run"]] = entry
+                    except (ValueError, KeyError, TypeError) as err:
+                        raise ValueError(f"{chunk}, line {n}: not a ledger entry ({err})") from None
+        return found
+
+    def record(self, run_dir: Path) -> None:
+        """Add the finished run in `run_dir` to this process's open chunk of its experiment (rewritten whole)."""
+        from resfl_lightning.analysis.provenance import git_commit, machine
+
+        experiment = run_dir.parent.name
+        files = {name: (run_dir / name).read_text() for name in FILES if (run_dir / name).is_file()}
+        entry = {"run": run_dir.name, "files": files, "commit": git_commit(), "machine": machine(),
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        chunk = self._chunks.setdefault(experiment, [])
+        if len(chunk) >= CHUNK_RUNS:
+            chunk.clear()
+            self._counts[experiment] = self._counts.get(experiment, 1) + 1
+        chunk.append(entry)
+        path = self.root / experiment / f"{self.stamp}-{self._counts.setdefault(experiment, 1):03d}.jsonl.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as fh:
+            fh.writelines(json.dumps(e, sort_keys=True) + "\n" for e in chunk)
+        os.replace(partial, path)
+
+    def sync(self, jobs: list[tuple[Path, list[str]]], report=print) -> None:
+        """Restore the jobs' runs this machine lacks from the ledger (kept only when their saved settings are what
+        the jobs compose now), and record the jobs' finished runs the ledger lacks."""
+        from resfl_lightning.analysis.run_records import is_finished
+        from resfl_lightning.analysis.run_settings import finished_run_mismatch
+
+        known: dict[str, dict[str, dict]] = {}
+        stale = []
+        for run_dir, overrides in jobs:
+            entries = known.setdefault(run_dir.parent.name, self.entries(run_dir.parent.name))
+            entry = entries.get(run_dir.name)
+            if is_finished(run_dir):
+                if entry is None:
+                    self.record(run_dir)
+                continue
+            if entry is None or "summary.json" not in entry["files"]:
+                continue
+            for name, text in entry["files"].items():
+                (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (run_dir / name).write_text(text)
+            differs = finished_run_mismatch(run_dir, overrides)  # before the workers start: no lock needed
+            if differs:  # made with other settings: train it again
+                (run_dir / "summary.json").unlink()
+                stale.append(f"{run_dir.name}: {differs[0]}")
+            else:
+                self.restored.append(entry)
+        if self.restored or stale:
+            report(f"ledger {self.root}: {len(self.restored)} finished runs restored"
+                   + (f", {len(stale)} not (made with other settings; trained again): " + "; ".join(stale[:3])
+                      if stale else ""))
+
+    def provenance(self) -> str | None:
+        """The results header's line on the restored runs, None when none was restored."""
+        if not self.restored:
+            return None
+        commits = sorted({e["commit"].split(" ")[0][:12] for e in self.restored})
+        dates = sorted(e["date"] for e in self.restored)
+        return (f"- ledger: {len(self.restored)} runs restored from {self.root} (made {dates[0][:10]} to "
+                f"{dates[-1][:10]} at commits {', '.join(commits)})")
+
+
+_ACTIVE: Ledger | None = None
+
+
+def use(root: Path | None) -> None:
+    """Make `root` the ledger of this process's experiment command (None: no ledger); set by the commands' parser."""
+    global _ACTIVE
+    _ACTIVE = None if root is None else Ledger(Path(root))
+
+
+def active() -> Ledger | None:
+    return _ACTIVE

@@ -1,0 +1,100 @@
+"""The run ledger carries finished runs between machines: a run restored from it counts as finished only when its
+saved settings are what the command composes now, and every run that finishes is added to it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis import run_ledger
+from resfl_lightning.analysis.run_ledger import Ledger
+from resfl_lightning.analysis.run_records import is_finished
+from resfl_lightning.analysis.run_settings import composed_settings
+
+OVERRIDES = ["algorithm=fedavg", "seed=3"]
+
+
+def finished(run_dir: Path, overrides: list[str], accuracy: float) -> Path:
+    """A run folder as the launcher leaves a finished run: its composed config, summary and wall time."""
+    run_dir.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(composed_settings([*overrides, f"run_dir={run_dir}"])), run_dir / "config.yaml")
+    (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": accuracy}))
+    (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 12.5}))
+    (run_dir / "metrics.jsonl").write_text('{"round": 0}\n')
+    return run_dir
+
+
+def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path):
+    ledger = Ledger(tmp_path / "ledger")
+    made = finished(tmp_path / "machine1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    ledger.record(made)
+    (chunk,) = (tmp_path / "ledger" / "exp").glob("*.jsonl.gz")
+    entry = json.loads(gzip.open(chunk, "rt").readline())
+    assert entry["run"] == "fedavg-s3" and entry["commit"] and entry["machine"] and entry["date"]
+    assert "checkpoints" not in json.dumps(sorted(entry["files"]))
+
+    fresh = Ledger(tmp_path / "ledger")
+    target = tmp_path / "machine2" / "exp" / "fedavg-s3"
+    lines: list[str] = []
+    fresh.sync([(target, [*OVERRIDES, f"run_dir={target}"])], lines.append)
+    assert is_finished(target)
+    for name in ("summary.json", "config.yaml", "table_wall_s.json", "metrics.jsonl"):
+        assert (target / name).read_text() == (made / name).read_text()
+    assert len(fresh.restored) == 1 and "1 finished runs restored" in lines[0]
+    assert fresh.provenance().startswith("- ledger: 1 runs restored from")
+
+
+def test_a_run_made_with_other_settings_is_not_restored(tmp_path: Path):
+    ledger = Ledger(tmp_path / "ledger")
+    ledger.record(finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84))
+    target = tmp_path / "m2" / "exp" / "fedavg-s3"
+    lines: list[str] = []
+    fresh = Ledger(tmp_path / "ledger")
+    fresh.sync([(target, ["algorithm=fedavg", "seed=3", "federation.rounds=2", f"run_dir={target}"])], lines.append)
+    assert not is_finished(target) and not fresh.restored and fresh.provenance() is None
+    assert "1 not (made with other settings; trained again): fedavg-s3: federation.rounds" in lines[0]
+
+
+def test_finished_runs_the_ledger_lacks_are_recorded_and_chunks_rotate(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(run_ledger, "CHUNK_RUNS", 2)
+    runs = [finished(tmp_path / "m1" / "exp" / f"fedavg-s{s}", ["algorithm=fedavg", f"seed={s}"], s / 4)
+            for s in (1, 2, 3)]
+    ledger = Ledger(tmp_path / "ledger")
+    ledger.sync([(rd, ["algorithm=fedavg", f"seed={s}", f"run_dir={rd}"]) for s, rd in zip((1, 2, 3), runs)])
+    assert len(list((tmp_path / "ledger" / "exp").glob("*.jsonl.gz"))) == 2  # 2 + 1 entries
+    entries = Ledger(tmp_path / "ledger").entries("exp")
+    assert sorted(entries) == ["fedavg-s1", "fedavg-s2", "fedavg-s3"]
+    assert json.loads(entries["fedavg-s3"]["files"]["summary.json"]) == {"test/accuracy": 0.75}
+
+
+def test_a_broken_chunk_names_its_file_and_line(tmp_path: Path):
+    chunk = tmp_path / "exp" / "x-001.jsonl.gz"
+    chunk.parent.mkdir()
+    with gzip.open(chunk, "wt") as fh:
+        fh.write('{"run": "a", "files": {}}\nnot json\n')
+    with pytest.raises(ValueError, match=r"x-001.jsonl.gz, line 2: not a ledger entry"):
+        Ledger(tmp_path).entries("exp")
+
+
+@pytest.mark.slow
+def test_a_frontier_continues_on_a_fresh_machine_from_the_ledger(adult_dir: Path, tmp_path: Path):
+    from resfl_lightning.cli.frontier import main
+
+    from .test_frontier import TINY_GRID
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(TINY_GRID)
+    common = ["--dataset", "adult", "--grid", str(grid), "--jobs", "1", "--ledger", str(tmp_path / "ledger"),
+              f"dataset.root={adult_dir}", "federation.rounds=1"]
+    first, second = tmp_path / "m1" / "frontier", tmp_path / "m2" / "frontier"
+    assert main([*common, "--out", str(first)]) == 0
+    assert main([*common, "--out", str(second), "--results", str(tmp_path / "results")]) == 0
+    # nothing trained on the second machine: every run came from the ledger, with the same values
+    assert not list(second.glob("*/table_train.log"))
+    body = (first / "frontier.md").read_text().split("\n", 1)[1]
+    assert (second / "frontier.md").read_text().split("\n", 1)[1] == body
+    assert "- ledger: 3 runs restored from" in (tmp_path / "results" / "frontier.md").read_text()
