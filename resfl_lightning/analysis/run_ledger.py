@@ -5,14 +5,19 @@ train them again. The ledger keeps the small files the commands read from a fini
 in gzipped JSON-lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
 be committed. On the next machine the same command restores each run it lacks from the ledger, then checks the
 restored config against what the command composes now exactly as it checks its own finished runs
-(analysis/run_settings.py): a run whose settings changed is trained again, never reused. Each entry records the
-commit, date and machine that made the run; the results header names the commits of the restored runs.
+(analysis/run_settings.py): a run whose settings changed is trained again, never reused. Composing takes ~0.3 s a
+run, too slow for grids of thousands, so an entry also keeps its overrides and a fingerprint of what composition
+reads (conf/, the tuned-file logic, Hydra's and OmegaConf's versions): with both unchanged the composed config is
+the same and the check is skipped. Each entry records the commit, date and machine that made the run; the results
+header names the commits of the restored runs.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import gzip
+import hashlib
 import json
 import os
 import time
@@ -24,6 +29,28 @@ from pathlib import Path
 FILES = ("config.yaml", "summary.json", "table_wall_s.json", "metrics.jsonl", ".hydra/config.yaml",
          ".hydra/overrides.yaml")
 CHUNK_RUNS = 100  # entries per chunk: each chunk is rewritten whole as it grows, then left as it is
+
+
+@functools.cache
+def composition_fingerprint() -> str:
+    """A hash of everything a run's composed config depends on besides its overrides."""
+    import hydra
+    import omegaconf
+
+    from resfl_lightning.config import tuned
+    from resfl_lightning.resources import conf_dir
+
+    digest = hashlib.sha256(f"hydra {hydra.__version__} omegaconf {omegaconf.__version__}\n".encode())
+    digest.update(Path(tuned.__file__).read_bytes())
+    root = Path(conf_dir())
+    for path in sorted(root.rglob("*.yaml")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _settings(overrides: list[str]) -> list[str]:
+    """The overrides that are settings of the run (not where it lives or whether it resumed)."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("run_dir", "resume")]
 
 
 @dataclass
@@ -47,13 +74,15 @@ class Ledger:
                         raise ValueError(f"{chunk}, line {n}: not a ledger entry ({err})") from None
         return found
 
-    def record(self, run_dir: Path) -> None:
-        """Add the finished run in `run_dir` to this process's open chunk of its experiment (rewritten whole)."""
+    def record(self, run_dir: Path, overrides: list[str]) -> None:
+        """Add the finished run in `run_dir` (trained with `overrides`) to this process's open chunk of its
+        experiment (rewritten whole)."""
         from resfl_lightning.analysis.provenance import git_commit, machine
 
         experiment = run_dir.parent.name
         files = {name: (run_dir / name).read_text() for name in FILES if (run_dir / name).is_file()}
-        entry = {"run": run_dir.name, "files": files, "commit": git_commit(), "machine": machine(),
+        entry = {"run": run_dir.name, "files": files, "overrides": _settings(overrides),
+                 "composition": composition_fingerprint(), "commit": git_commit(), "machine": machine(),
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         chunk = self._chunks.setdefault(experiment, [])
         if len(chunk) >= CHUNK_RUNS:
@@ -80,14 +109,16 @@ class Ledger:
             entry = entries.get(run_dir.name)
             if is_finished(run_dir):
                 if entry is None:
-                    self.record(run_dir)
+                    self.record(run_dir, overrides)
                 continue
             if entry is None or "summary.json" not in entry["files"]:
                 continue
             for name, text in entry["files"].items():
                 (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
                 (run_dir / name).write_text(text)
-            differs = finished_run_mismatch(run_dir, overrides)  # before the workers start: no lock needed
+            same = (entry.get("composition") == composition_fingerprint()
+                    and entry.get("overrides") == _settings(overrides))
+            differs = [] if same else finished_run_mismatch(run_dir, overrides)  # before the workers start: no lock
             if differs:  # made with other settings: train it again
                 (run_dir / "summary.json").unlink()
                 stale.append(f"{run_dir.name}: {differs[0]}")

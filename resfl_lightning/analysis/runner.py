@@ -217,7 +217,7 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
                     failures.append(message)
             with lock:
                 if wall is not None and ledger is not None and rd not in settled:
-                    ledger.record(rd)
+                    ledger.record(rd, overrides)
                 done += 1
                 settled.add(rd)
                 if wall is not None:

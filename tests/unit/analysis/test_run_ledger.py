@@ -28,10 +28,12 @@ def finished(run_dir: Path, overrides: list[str], accuracy: float) -> Path:
     return run_dir
 
 
-def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path):
+def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path, monkeypatch):
     ledger = Ledger(tmp_path / "ledger")
     made = finished(tmp_path / "machine1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
-    ledger.record(made)
+    ledger.record(made, [*OVERRIDES, f"run_dir={made}"])
+    # same composition inputs and overrides: restored without composing (which would fail here)
+    monkeypatch.setattr("resfl_lightning.analysis.run_settings.finished_run_mismatch", _no_composing)
     (chunk,) = (tmp_path / "ledger" / "exp").glob("*.jsonl.gz")
     entry = json.loads(gzip.open(chunk, "rt").readline())
     assert entry["run"] == "fedavg-s3" and entry["commit"] and entry["machine"] and entry["date"]
@@ -48,9 +50,42 @@ def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path):
     assert fresh.provenance().startswith("- ledger: 1 runs restored from")
 
 
+def _no_composing(*_):
+    raise AssertionError("composed although the fingerprint and overrides matched")
+
+
+def test_after_a_conf_change_a_run_is_restored_only_if_it_still_composes_the_same(tmp_path: Path, monkeypatch):
+    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    Ledger(tmp_path / "ledger").record(made, OVERRIDES)
+    monkeypatch.setattr(run_ledger, "composition_fingerprint", lambda: "conf changed since")
+    target = tmp_path / "m2" / "exp" / "fedavg-s3"
+    fresh = Ledger(tmp_path / "ledger")
+    fresh.sync([(target, [*OVERRIDES, f"run_dir={target}"])], lambda _: None)
+    assert is_finished(target) and len(fresh.restored) == 1  # composed: still the same settings
+
+
+def test_the_fingerprint_follows_the_conf_files(tmp_path: Path, monkeypatch):
+    import shutil
+
+    from resfl_lightning.resources import conf_dir
+
+    copy = tmp_path / "conf"
+    shutil.copytree(conf_dir(), copy)
+    monkeypatch.setattr("resfl_lightning.resources.conf_dir", lambda: copy)
+    run_ledger.composition_fingerprint.cache_clear()
+    try:
+        before = run_ledger.composition_fingerprint()
+        (copy / "train.yaml").write_text((copy / "train.yaml").read_text() + "\n#\n")
+        run_ledger.composition_fingerprint.cache_clear()
+        assert run_ledger.composition_fingerprint() != before
+    finally:
+        run_ledger.composition_fingerprint.cache_clear()
+
+
 def test_a_run_made_with_other_settings_is_not_restored(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger")
-    ledger.record(finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84))
+    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    ledger.record(made, OVERRIDES)
     target = tmp_path / "m2" / "exp" / "fedavg-s3"
     lines: list[str] = []
     fresh = Ledger(tmp_path / "ledger")
