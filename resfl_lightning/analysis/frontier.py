@@ -417,8 +417,10 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
     values = collect(grid, points, grid.confirmation_seeds, out)
     pct = round(100 * float(grid.rule["fairness"]["confidence"]))
     dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.confirmation_seeds})
-    lines = [f"# Adversary frontier, confirmation: {dataset}, scenario {scenario} (selected {selected.label} vs "
-             f"RESFL default {default.label} vs FedAvg, {len(grid.confirmation_seeds)} confirmation seeds "
+    compared = (f"selected {selected.label} vs RESFL default {default.label}" if selected != default
+                else f"selected = RESFL default {default.label}")
+    lines = [f"# Adversary frontier, confirmation: {dataset}, scenario {scenario} ({compared} vs FedAvg, "
+             f"{len(grid.confirmation_seeds)} confirmation seeds "
              f"{grid.confirmation_seeds[0]}-{grid.confirmation_seeds[-1]}; "
              + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs) + ")", "",
              provenance, "",
@@ -428,7 +430,7 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
         runs = values[p.label]
         lines.append(f"| {p.label} | {len(runs)} | "
                      + " | ".join(_cell(t_test(list(series(runs, k).values()))) for k, _ in METRICS) + " |")
-    pairs = [(selected, default), (selected, fedavg), (default, fedavg)]
+    pairs = list(dict.fromkeys([(selected, default), (selected, fedavg), (default, fedavg)]))  # once each
     lines += ["", f"Paired differences by seed: mean [{pct} % Student-t interval] (n = seeds where both have a "
               "value). The selection confirms if utility stays within the rule's floor, the AIA difference to the "
               "default is negative with an interval below 0, and the Fairness Score difference's upper end is <= "

@@ -165,6 +165,8 @@ def test_frontier_end_to_end_on_a_tiny_grid(adult_dir: Path, tmp_path: Path):
     assert not (out / "resfl-strong-lp0.3-s110").exists()  # only the selected point, the default and FedAvg
     assert "| weak, λ_priv=0.3 − fedavg | n/a" in confirmation  # one seed: no interval
     assert "**Verdict: default kept" in confirmation  # the rule selected the default: nothing to confirm
+    assert "(selected = RESFL default weak, λ_priv=0.3 vs FedAvg" in confirmation
+    assert confirmation.count("| weak, λ_priv=0.3 − fedavg |") == 1  # not once as selected and once as default
     # a point named on the command line runs without this machine's selection.json, and says so
     (out / "selection.json").unlink()
     assert main([*args, "--confirm", "--point", "strong,0.3"]) == 0
