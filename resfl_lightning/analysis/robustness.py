@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis import run_ledger
 from resfl_lightning.analysis.finished_run import finished_run, finite
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import table_preset
@@ -138,6 +139,9 @@ def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: i
 # ---- reading finished runs -------------------------------------------------------------------------------------
 
 
+WEIGHT_SHARE = "attack/byzantine_weight_share"  # per round in metrics.jsonl
+
+
 def run_values(run_dir: Path) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
     rounds of a finished run; None where absent."""
@@ -152,7 +156,7 @@ def run_values(run_dir: Path) -> dict[str, float | None]:
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
             row = json.loads(line) if line.strip() else {}
-            share = finite(row.get("attack/byzantine_weight_share"))
+            share = finite(row.get(WEIGHT_SHARE))
             if share is not None:
                 shares.append(share)
     return {"utility": utility, "eod": run.value("test/eod"),
@@ -378,6 +382,7 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     t0 = time.perf_counter()
     jobs_list = [(run_dir_for(out, c, s), train_overrides(dataset, scenario, grid, c, s, out, overrides))
                  for s in seed_list for c in cells]
+    run_ledger.keep({"metrics.jsonl": ("round", WEIGHT_SHARE)})  # what run_values reads beyond the summary
     failures = run_jobs(jobs_list, jobs)
     values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
     results = cell_results(values, cells, seed_list)

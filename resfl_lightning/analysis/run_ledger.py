@@ -24,10 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# A finished run as the experiment commands read it (summary, settings, wall time, per-round rows for the table's
-# mechanism lines, the Hydra config for compare.load_run).
-FILES = ("config.yaml", "summary.json", "table_wall_s.json", "metrics.jsonl", ".hydra/config.yaml",
-         ".hydra/overrides.yaml")
+# What every experiment command reads from a finished run (its settings, final values and wall time); a command
+# that reads more names it with `keep` (the table: every per-round row and the Hydra config; the robustness table:
+# one per-round key). metrics.jsonl holds ~10 KB a round of per-client rows, too much to carry for thousands of runs.
+FILES = ("config.yaml", "summary.json", "table_wall_s.json")
+ALL_KEYS = None  # keep a JSON-lines file whole
 CHUNK_RUNS = 100  # entries per chunk: each chunk is rewritten whole as it grows, then left as it is
 
 
@@ -53,10 +54,20 @@ def _settings(overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("run_dir", "resume")]
 
 
+def _rows_with(keys: tuple[str, ...] | None, text: str) -> str:
+    """The JSON-lines `text` with each row cut to `keys` (all of it for None); rows left empty are dropped."""
+    if keys is None:
+        return text
+    rows = (json.loads(line) for line in text.splitlines() if line.strip())
+    kept = ({k: row[k] for k in keys if k in row} for row in rows)
+    return "".join(json.dumps(row) + "\n" for row in kept if row)
+
+
 @dataclass
 class Ledger:
     root: Path
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
+    extra: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # file -> its row keys kept (None: all)
     restored: list[dict] = field(default_factory=list)  # the entries restored by this process (for provenance)
     _chunks: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries of its open chunk
     _counts: dict[str, int] = field(default_factory=dict)  # experiment -> chunks this process started
@@ -81,6 +92,9 @@ class Ledger:
 
         experiment = run_dir.parent.name
         files = {name: (run_dir / name).read_text() for name in FILES if (run_dir / name).is_file()}
+        for name, keys in self.extra.items():
+            if (run_dir / name).is_file():
+                files[name] = _rows_with(keys, (run_dir / name).read_text())
         entry = {"run": run_dir.name, "files": files, "overrides": _settings(overrides),
                  "composition": composition_fingerprint(), "commit": git_commit(), "machine": machine(),
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -150,3 +164,10 @@ def use(root: Path | None) -> None:
 
 def active() -> Ledger | None:
     return _ACTIVE
+
+
+def keep(files: dict[str, tuple[str, ...] | None]) -> None:
+    """What this command reads from a finished run beyond FILES (file -> its JSON-lines keys, None for the whole
+    file), so that the active ledger carries it; nothing without a ledger."""
+    if _ACTIVE is not None:
+        _ACTIVE.extra.update(files)

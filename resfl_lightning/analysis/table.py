@@ -378,6 +378,10 @@ def run_all(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenario:
             workers: int) -> list[str]:
     """Train every (method, seed, attack) not finished yet, `workers` at a time (analysis/runner.py); returns the
     failures' messages."""
+    from resfl_lightning.analysis import run_ledger
+
+    # the mechanism lines read every per-round row, the columns compare.load_run's Hydra config
+    run_ledger.keep({"metrics.jsonl": run_ledger.ALL_KEYS, ".hydra/config.yaml": run_ledger.ALL_KEYS})
     return run_jobs([(run_dir_for(out, m, s, a),
                       train_overrides(dataset, scenario, m, s, run_dir_for(out, m, s, a), a, overrides))
                      for m, s, a in jobs], workers)

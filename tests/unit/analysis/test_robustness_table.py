@@ -178,3 +178,24 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
         assert cfg.dataset.num_clients == 10, cell
         kind = "poisoning" if cell.attack == "poisoning" else "byzantine"
         assert cfg.attack[kind].fraction == cell.fraction, cell
+
+
+def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
+    from resfl_lightning.analysis import robustness, run_ledger
+
+    run_ledger.use(tmp_path / "ledger")
+    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: [])  # train nothing: only the ledger's spec
+    robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+    run = tmp_path / "m1" / "exp" / "fedavg-s0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
+    rows = [{"round": 0, "attack/byzantine_weight_share": 0.1, "client/0/ufm_raw": 2.0},
+            {"round": 1, "attack/byzantine_weight_share": 0.3}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    run_ledger.active().record(run, [])
+    restored = tmp_path / "m2" / "exp" / "fedavg-s0"
+    for name, text in run_ledger.Ledger(tmp_path / "ledger").entries("exp")["fedavg-s0"]["files"].items():
+        (restored / name).parent.mkdir(parents=True, exist_ok=True)
+        (restored / name).write_text(text)
+    assert run_values(restored) == run_values(run) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()

@@ -24,7 +24,7 @@ def finished(run_dir: Path, overrides: list[str], accuracy: float) -> Path:
     OmegaConf.save(OmegaConf.create(composed_settings([*overrides, f"run_dir={run_dir}"])), run_dir / "config.yaml")
     (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": accuracy}))
     (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 12.5}))
-    (run_dir / "metrics.jsonl").write_text('{"round": 0}\n')
+    (run_dir / "metrics.jsonl").write_text('{"round": 0, "client/0/ufm_raw": 1.5, "share": 0.25}\n{"round": 1}\n')
     return run_dir
 
 
@@ -44,8 +44,9 @@ def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path, monkeypat
     lines: list[str] = []
     fresh.sync([(target, [*OVERRIDES, f"run_dir={target}"])], lines.append)
     assert is_finished(target)
-    for name in ("summary.json", "config.yaml", "table_wall_s.json", "metrics.jsonl"):
+    for name in ("summary.json", "config.yaml", "table_wall_s.json"):
         assert (target / name).read_text() == (made / name).read_text()
+    assert not (target / "metrics.jsonl").exists()  # no command asked for it
     assert len(fresh.restored) == 1 and "1 finished runs restored" in lines[0]
     assert fresh.provenance().startswith("- ledger: 1 runs restored from")
 
@@ -133,3 +134,18 @@ def test_a_frontier_continues_on_a_fresh_machine_from_the_ledger(adult_dir: Path
     body = (first / "frontier.md").read_text().split("\n", 1)[1]
     assert (second / "frontier.md").read_text().split("\n", 1)[1] == body
     assert "- ledger: 3 runs restored from" in (tmp_path / "results" / "frontier.md").read_text()
+
+
+def test_a_command_keeps_only_the_rows_it_reads(tmp_path: Path):
+    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    run_ledger.use(tmp_path / "ledger")
+    run_ledger.keep({"metrics.jsonl": ("round", "share")})
+    run_ledger.active().record(made, OVERRIDES)
+    files = Ledger(tmp_path / "ledger").entries("exp")["fedavg-s3"]["files"]
+    assert [json.loads(line) for line in files["metrics.jsonl"].splitlines()] == [{"round": 0, "share": 0.25},
+                                                                                 {"round": 1}]
+    run_ledger.use(tmp_path / "whole")
+    run_ledger.keep({"metrics.jsonl": run_ledger.ALL_KEYS})
+    run_ledger.active().record(made, OVERRIDES)
+    whole = Ledger(tmp_path / "whole").entries("exp")["fedavg-s3"]["files"]["metrics.jsonl"]
+    assert whole == (made / "metrics.jsonl").read_text()
