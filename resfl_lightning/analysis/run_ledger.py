@@ -88,7 +88,7 @@ class Ledger:
     def record(self, run_dir: Path, overrides: list[str]) -> None:
         """Add the finished run in `run_dir` (trained with `overrides`) to this process's open chunk of its
         experiment (rewritten whole)."""
-        from resfl_lightning.analysis.provenance import git_commit, machine
+        from resfl_lightning.analysis.checkout import git_commit, machine
 
         experiment = run_dir.parent.name
         files = {name: (run_dir / name).read_text() for name in FILES if (run_dir / name).is_file()}

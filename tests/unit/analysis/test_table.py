@@ -280,7 +280,7 @@ def test_every_algorithm_preset_is_a_row_placed_by_its_own_file(tmp_path: Path, 
 def test_a_changed_results_file_is_an_output_and_a_changed_code_file_is_not(tmp_path: Path):
     import subprocess
 
-    from resfl_lightning.analysis.provenance import git_commit
+    from resfl_lightning.analysis.checkout import git_commit
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
