@@ -8,8 +8,8 @@ restored config against what the command composes now exactly as it checks its o
 (analysis/run_settings.py): a run whose settings changed is trained again, never reused. Composing takes ~0.3 s a
 run, too slow for grids of thousands, so an entry also keeps its overrides and a fingerprint of what composition
 reads (conf/, the tuned-file logic, Hydra's and OmegaConf's versions): with both unchanged the composed config is
-the same and the check is skipped. Each entry records the commit, date and machine that made the run; the results
-header names the commits of the restored runs.
+the same and the check is skipped. Each entry records the commit, date and machine at which it was recorded (when the
+run finished, or when a command with the ledger first found it finished); the results header names those commits.
 """
 
 from __future__ import annotations
@@ -149,8 +149,9 @@ class Ledger:
             return None
         commits = sorted({e["commit"].split(" ")[0][:12] for e in self.restored})
         dates = sorted(e["date"] for e in self.restored)
-        return (f"- ledger: {len(self.restored)} runs restored from {self.root} (made {dates[0][:10]} to "
-                f"{dates[-1][:10]} at commits {', '.join(commits)})")
+        return (f"- ledger: {len(self.restored)} runs restored from {self.root} (recorded {dates[0][:10]} to "
+                f"{dates[-1][:10]} at commits {', '.join(commits)}: a run is recorded when it finishes, or when a "
+                "command with this ledger first finds it finished)")
 
 
 _ACTIVE: Ledger | None = None
