@@ -119,7 +119,9 @@ class Ledger:
         known: dict[str, dict[str, dict]] = {}
         stale = []
         for run_dir, overrides in jobs:
-            entries = known.setdefault(run_dir.parent.name, self.entries(run_dir.parent.name))
+            if run_dir.parent.name not in known:  # each experiment's chunks read once, not once per job
+                known[run_dir.parent.name] = self.entries(run_dir.parent.name)
+            entries = known[run_dir.parent.name]
             entry = entries.get(run_dir.name)
             if is_finished(run_dir):
                 if entry is None:

@@ -104,6 +104,11 @@ def test_finished_runs_the_ledger_lacks_are_recorded_and_chunks_rotate(tmp_path:
     assert len(list((tmp_path / "ledger" / "exp").glob("*.jsonl.gz"))) == 2  # 2 + 1 entries
     entries = Ledger(tmp_path / "ledger").entries("exp")
     assert sorted(entries) == ["fedavg-s1", "fedavg-s2", "fedavg-s3"]
+    reads = []
+    counting = Ledger(tmp_path / "ledger")
+    monkeypatch.setattr(counting, "entries", lambda name: reads.append(name) or entries)
+    counting.sync([(rd, ["algorithm=fedavg", f"seed={s}", f"run_dir={rd}"]) for s, rd in zip((1, 2, 3), runs)])
+    assert reads == ["exp"]  # the chunks are read once per experiment, not once per job
     assert json.loads(entries["fedavg-s3"]["files"]["summary.json"]) == {"test/accuracy": 0.75}
 
 
