@@ -69,8 +69,7 @@ class Ledger:
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
     extra: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # file -> its row keys kept (None: all)
     restored: list[dict] = field(default_factory=list)  # the entries restored by this process (for provenance)
-    _chunks: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries of its open chunk
-    _counts: dict[str, int] = field(default_factory=dict)  # experiment -> chunks this process started
+    _recorded: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries this process recorded
 
     def entries(self, experiment: str) -> dict[str, dict]:
         """run name -> its newest entry, over every chunk of the experiment (later chunk names win)."""
@@ -98,12 +97,11 @@ class Ledger:
         entry = {"run": run_dir.name, "files": files, "overrides": _settings(overrides),
                  "composition": composition_fingerprint(), "commit": git_commit(), "machine": machine(),
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        chunk = self._chunks.setdefault(experiment, [])
-        if len(chunk) >= CHUNK_RUNS:
-            chunk.clear()
-            self._counts[experiment] = self._counts.get(experiment, 1) + 1
-        chunk.append(entry)
-        path = self.root / experiment / f"{self.stamp}-{self._counts.setdefault(experiment, 1):03d}.jsonl.gz"
+        recorded = self._recorded.setdefault(experiment, [])
+        recorded.append(entry)
+        index = (len(recorded) - 1) // CHUNK_RUNS  # this process's chunks of the experiment hold CHUNK_RUNS each
+        chunk = recorded[index * CHUNK_RUNS:]
+        path = self.root / experiment / f"{self.stamp}-{index + 1:03d}.jsonl.gz"
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
         with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as fh:
@@ -114,7 +112,7 @@ class Ledger:
         """Restore the jobs' runs this machine lacks from the ledger (kept only when their saved settings are what
         the jobs compose now), and record the jobs' finished runs the ledger lacks."""
         from resfl_lightning.analysis.run_records import is_finished
-        from resfl_lightning.analysis.run_settings import finished_run_mismatch
+        from resfl_lightning.analysis.run_settings import saved_config_mismatch
 
         known: dict[str, dict[str, dict]] = {}
         stale = []
@@ -127,19 +125,20 @@ class Ledger:
                 if entry is None:
                     self.record(run_dir, overrides)
                 continue
-            if entry is None or "summary.json" not in entry["files"]:
+            files = entry["files"] if entry is not None else {}
+            if "summary.json" not in files or "config.yaml" not in files:
                 continue
-            for name, text in entry["files"].items():
-                (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
-                (run_dir / name).write_text(text)
             same = (entry.get("composition") == composition_fingerprint()
                     and entry.get("overrides") == _settings(overrides))
-            differs = [] if same else finished_run_mismatch(run_dir, overrides)  # before the workers start: no lock
+            # checked before anything is written: an unfinished attempt of the run on this machine stays as it was
+            differs = [] if same else saved_config_mismatch(files["config.yaml"], overrides)  # no workers yet: no lock
             if differs:  # made with other settings: train it again
-                (run_dir / "summary.json").unlink()
                 stale.append(f"{run_dir.name}: {differs[0]}")
-            else:
-                self.restored.append(entry)
+                continue
+            for name, text in files.items():
+                (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (run_dir / name).write_text(text)
+            self.restored.append(entry)
         if self.restored or stale:
             report(f"ledger {self.root}: {len(self.restored)} finished runs restored"
                    + (f", {len(stale)} not (made with other settings; trained again): " + "; ".join(stale[:3])

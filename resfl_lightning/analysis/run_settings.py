@@ -67,7 +67,13 @@ def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return []
-    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return saved_config_mismatch(path.read_text(), overrides)
+
+
+def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
+    """The settings in which a run's saved config (its config.yaml text) differs from what `overrides` compose to
+    now, where it lives and how its batches were pinned aside ([] when none)."""
+    saved = OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True)
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
     return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in TRANSFER_KEYS]

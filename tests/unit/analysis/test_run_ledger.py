@@ -33,7 +33,7 @@ def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path, monkeypat
     made = finished(tmp_path / "machine1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
     ledger.record(made, [*OVERRIDES, f"run_dir={made}"])
     # same composition inputs and overrides: restored without composing (which would fail here)
-    monkeypatch.setattr("resfl_lightning.analysis.run_settings.finished_run_mismatch", _no_composing)
+    monkeypatch.setattr("resfl_lightning.analysis.run_settings.saved_config_mismatch", _no_composing)
     (chunk,) = (tmp_path / "ledger" / "exp").glob("*.jsonl.gz")
     entry = json.loads(gzip.open(chunk, "rt").readline())
     assert entry["run"] == "fedavg-s3" and entry["commit"] and entry["machine"] and entry["date"]
@@ -92,6 +92,7 @@ def test_a_run_made_with_other_settings_is_not_restored(tmp_path: Path):
     fresh = Ledger(tmp_path / "ledger")
     fresh.sync([(target, ["algorithm=fedavg", "seed=3", "federation.rounds=2", f"run_dir={target}"])], lines.append)
     assert not is_finished(target) and not fresh.restored and fresh.provenance() is None
+    assert not target.exists()  # nothing written for a run that is trained again
     assert "1 not (made with other settings; trained again): fedavg-s3: federation.rounds" in lines[0]
 
 
