@@ -336,15 +336,20 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     return "\n".join(lines) + "\n"
 
 
-def figure(results: dict[Cell, CellResult], grid: dict, path: Path) -> Path:
-    """Worst-case BA AD (over attacks and report modes) against f/n, one line per defence, with t-intervals."""
+def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
+    """(fig, ax) of worst-case BA AD (over attacks and report modes) against f/n, one line per defence with its
+    t-interval; each defence its own colour and marker, the decision rule's defence (in black) and baseline drawn
+    heavier."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in grid["defences"]:
+    from resfl_lightning.analysis.figures import TITLE_WIDTH, series_style
+
+    rule = grid["decision"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, d in enumerate(grid["defences"]):
         xs, ys, lo, hi = [], [], [], []
         for f in grid["fractions"]:
             w = worst_cell(results, d, f)
@@ -356,13 +361,29 @@ def figure(results: dict[Cell, CellResult], grid: dict, path: Path) -> Path:
             lo.append(t.mean - t.low if t.n >= 2 else 0.0)
             hi.append(t.high - t.mean if t.n >= 2 else 0.0)
         if xs:
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=d)
+            key = d in (rule["defence"], rule["baseline"])
+            style = series_style(i) | ({"color": "black"} if d == rule["defence"] else {})  # black: in no cycle
+            ax.errorbar(xs, ys, yerr=[lo, hi], capsize=3, label=d, linewidth=2.2 if key else 1.0,
+                        markersize=6 if key else 4, **style)
     ax.set_xlabel("attacker fraction f/n")
     ax.set_ylabel("worst-case BA AD (relative utility drop)")
-    ax.axhline(grid["decision"]["worst_ba_ad"], color="grey", linestyle=":", linewidth=1)
+    ax.axhline(rule["worst_ba_ad"], color="grey", linestyle=":", linewidth=1,
+               label=f"decision bound {rule['worst_ba_ad']}")
+    if title:
+        import textwrap
+
+        ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig, ax
+
+
+def figure(results: dict[Cell, CellResult], grid: dict, path: Path, title: str = "") -> Path:
+    """figure_axes saved to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig, _ = figure_axes(results, grid, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -393,9 +414,11 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
              f"--jobs {jobs})")
     body = markdown(results, grid, title, seed_list)
     (out / "robustness.md").write_text(body)
-    figure(results, grid, out / "robustness.png")
+    caption = (f"{dataset}, {scenario}{f', subset {subset}' if subset else ''}: worst case over attacks and report "
+               f"modes, mean and 95 % t-interval over seeds {seed_list[0]}-{seed_list[-1]}")
+    figure(results, grid, out / "robustness.png", caption)
     if results_path is not None:
-        png = figure(results, grid, results_path.with_suffix(".png"))
+        png = figure(results, grid, results_path.with_suffix(".png"), caption)
         write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
                       writer="resfl robustness")
     if failures:

@@ -18,6 +18,7 @@ from resfl_lightning.analysis.robustness import (
     cell_overrides,
     cell_results,
     decide,
+    figure_axes,
     grid_cells,
     load_grid,
     markdown,
@@ -153,6 +154,28 @@ def test_decision_rule_fails_a_liar_gain_and_says_by_how_much():
     assert criteria[3].passed is False and "+0.050" in criteria[3].detail
     text = markdown(cell_results(_values(table), cells, [0, 1, 2]), _grid(), "# t", [0, 1, 2])
     assert "FAILED" in text and "| resfl_robust |" in text
+
+
+def test_figure_tells_every_defence_of_the_full_grid_apart():
+    """13 defences: matplotlib's default cycle repeats its ten colours, so fedavg and flame were drawn alike; every
+    line now differs from every other in colour or marker, and the decision defence is the only black one."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    grid = select(load_grid(), None)
+    table = {}
+    for i, d in enumerate(grid["defences"]):
+        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
+        table[(d, "sign_flip", "honest", 0.2)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
+    res = cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
+    fig, ax = figure_axes(res, grid, "t")
+    handles, labels = ax.get_legend_handles_labels()
+    lines = {label: h.lines[0] if hasattr(h, "lines") else h for h, label in zip(handles, labels)}
+    styles = {d: (to_hex(lines[d].get_color()), lines[d].get_marker()) for d in grid["defences"]}
+    plt.close(fig)
+    assert len(set(styles.values())) == len(grid["defences"]) == 13
+    rule = grid["decision"]
+    assert [d for d, (c, _) in styles.items() if c == "#000000"] == [rule["defence"]]
 
 
 def test_missing_cells_are_not_decidable():
