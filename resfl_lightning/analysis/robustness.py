@@ -294,15 +294,34 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
     return text + (f" (n={t.n})" if t.n < planned else "")
 
 
+def _absent_text(grid: dict, defence: str, fraction: float) -> str:
+    """What a column shows for a cell the grid does not run, and why."""
+    if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
+        return "not served"
+    return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
+
+
 def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
     n = len(seeds)
     lines = [title, "",
              f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
              "defence's clean run of the same seed. BA AD = (clean - attacked) / clean utility; mean [95 % Student-t "
-             "interval over seeds]; n shown where below the seeds run; n/a: the rule cannot serve that f "
-             "(Krum n < 2f + 3, Bulyan n < 4f + 3) or no run finished.", ""]
+             "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; not served: "
+             "the rule cannot serve that f (Krum n < 2f + 3, Bulyan n < 4f + 3); = honest: the defence reads no "
+             "report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
+             "cannot evaluate what they send.", ""]
     defences = list(grid["defences"])
-    lines += ["## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
+    lines += ["## Worst case over attacks and report modes", "",
+              "| defence | " + " | ".join(f"f/n = {f}" for f in grid["fractions"]) + " |",
+              "| --- |" + " ---: |" * len(grid["fractions"])]
+    for d in defences:
+        row = []
+        for f in grid["fractions"]:
+            w = worst_cell(results, d, f)
+            row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w
+                       else "not served" if not serves(grid, d, count_from_fraction(grid["clients"], f)) else "n/a")
+        lines.append(f"| {d} | " + " | ".join(row) + " |")
+    lines += ["", "## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
     for d in defences:
         r = results.get(Cell(d, CLEAN, "honest", 0.0))
         lines.append(f"| {d} | {_mean_text(r.utility, n) if r else 'n/a'} |")
@@ -313,8 +332,8 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
                   "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " | worst case |",
                   "| --- |" + " ---: |" * (len(columns) + 1)]
         for d in defences:
-            row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results else "n/a"
-                   for a, rep in columns]
+            row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results
+                   else _absent_text(grid, d, f) for a, rep in columns]
             w = worst_cell(results, d, f)
             row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
             lines.append(f"| {d} | " + " | ".join(row) + " |")
@@ -325,7 +344,7 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
             row = []
             for a, rep in columns:
                 r = results.get(Cell(d, a, rep, f))
-                row.append("n/a" if r is None else
+                row.append(_absent_text(grid, d, f) if r is None else
                            f"{_mean_text(r.weight_share, n)}; {_mean_text(r.delta_eod, n, signed=True)}")
             lines.append(f"| {d} | " + " | ".join(row) + " |")
     rule = grid["decision"]

@@ -178,6 +178,28 @@ def test_figure_tells_every_defence_of_the_full_grid_apart():
     assert [d for d, (c, _) in styles.items() if c == "#000000"] == [rule["defence"]]
 
 
+def test_markdown_says_why_a_column_has_no_run():
+    """A cell the grid never runs is not a missing run: Krum at f = 4 of 10 is not served, FedAvg reads no report (its
+    `lie` column is the honest run), an omniscient attack has no `sent` column; n/a is left for runs that did not
+    finish. The worst case per defence and f/n heads the file."""
+    grid = select(load_grid(), None)
+    table = {("krum", CLEAN, "honest", 0.0): [0.85], ("krum", "sign_flip", "honest", 0.1): [0.80],
+             ("fedavg", CLEAN, "honest", 0.0): [0.85], ("fedavg", "alie", "honest", 0.4): [0.425]}
+    cells = grid_cells(grid)
+    res = cell_results(_values(table), cells, [0])
+    text = markdown(res, grid, "# t", [0])
+    row = lambda section, d: next(line for line in text.split(section, 1)[1].splitlines()  # noqa: E731
+                                  if line.startswith(f"| {d} |")).split(" | ")
+    head = text.split("## f/n = 0.4: BA AD", 1)[1].splitlines()[2].split(" | ")
+    fed, resfl, krum = (row("## f/n = 0.4: BA AD", d) for d in ("fedavg", "resfl", "krum"))
+    assert fed[head.index("alie (lie)")] == "= honest" and fed[head.index("alie (honest)")] == "0.500"
+    assert "alie (sent)" not in head and resfl[head.index("alie (lie)")] == "n/a"
+    assert krum[head.index("sign_flip (honest)")] == "not served"
+    summary = text.split("## Worst case over attacks and report modes", 1)[1].split("## Clean runs", 1)[0]
+    assert "| krum | 0.059 sign_flip/honest | n/a | n/a | not served |" in summary
+    assert "0.500 alie/honest |" in summary.splitlines()[4]
+
+
 def test_missing_cells_are_not_decidable():
     table = {("resfl_robust", CLEAN, "honest", 0.0): [0.84]}
     criteria = decide(cell_results(_values(table), [Cell(*k) for k in table], [0]), _grid())
