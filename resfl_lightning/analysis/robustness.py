@@ -337,7 +337,8 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
             w = worst_cell(results, d, f)
             row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
             lines.append(f"| {d} | " + " | ".join(row) + " |")
-        lines += ["", f"f/n = {f}: attackers' share of the aggregation weight (mean over rounds) and ΔEOD vs clean", "",
+        lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over "
+                  "rounds); ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning columns)", "",
                   "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " |",
                   "| --- |" + " ---: |" * len(columns)]
         for d in defences:
@@ -345,7 +346,8 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
             for a, rep in columns:
                 r = results.get(Cell(d, a, rep, f))
                 row.append(_absent_text(grid, d, f) if r is None else
-                           f"{_mean_text(r.weight_share, n)}; {_mean_text(r.delta_eod, n, signed=True)}")
+                           f"{_mean_text(r.utility, n)}; {_mean_text(r.weight_share, n)}; "
+                           f"{_mean_text(r.delta_eod, n, signed=True)}")
             lines.append(f"| {d} | " + " | ".join(row) + " |")
     rule = grid["decision"]
     lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
