@@ -297,7 +297,7 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
 def _absent_text(grid: dict, defence: str, fraction: float) -> str:
     """What a column shows for a cell the grid does not run, and why."""
     if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
-        return "not served"
+        return "n/a (not served)"
     return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
 
 
@@ -306,9 +306,9 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     lines = [title, "",
              f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
              "defence's clean run of the same seed. BA AD = (clean - attacked) / clean utility; mean [95 % Student-t "
-             "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; not served: "
-             "the rule cannot serve that f (Krum n < 2f + 3, Bulyan n < 4f + 3); = honest: the defence reads no "
-             "report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
+             "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; n/a (not "
+             "served): the rule cannot serve that f (Krum n < 2f + 3, Bulyan n < 4f + 3); = honest: the defence reads "
+             "no report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
              "cannot evaluate what they send.", ""]
     defences = list(grid["defences"])
     lines += ["## Worst case over attacks and report modes", "",
@@ -318,8 +318,9 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
         row = []
         for f in grid["fractions"]:
             w = worst_cell(results, d, f)
+            served = serves(grid, d, count_from_fraction(grid["clients"], f))
             row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w
-                       else "not served" if not serves(grid, d, count_from_fraction(grid["clients"], f)) else "n/a")
+                       else "n/a" if served else "n/a (not served)")
         lines.append(f"| {d} | " + " | ".join(row) + " |")
     lines += ["", "## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
     for d in defences:
@@ -338,7 +339,8 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
             row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
             lines.append(f"| {d} | " + " | ".join(row) + " |")
         lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over "
-                  "rounds); ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning columns)", "",
+                  "rounds); ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning and label-flip "
+                  "columns)", "",
                   "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " |",
                   "| --- |" + " ---: |" * len(columns)]
         for d in defences:

@@ -194,15 +194,15 @@ def test_markdown_says_why_a_column_has_no_run():
     fed, resfl, krum = (row("## f/n = 0.4: BA AD", d) for d in ("fedavg", "resfl", "krum"))
     assert fed[head.index("alie (lie)")] == "= honest" and fed[head.index("alie (honest)")] == "0.500"
     assert "alie (sent)" not in head and resfl[head.index("alie (lie)")] == "n/a"
-    assert krum[head.index("sign_flip (honest)")] == "not served"
+    assert krum[head.index("sign_flip (honest)")] == "n/a (not served)"  # the protocol's n/a, with its reason
     # the issue's per-cell numbers: utility under attack, weight share, and ΔEOD = the poisoning columns' DPA EODD
     second = text.split("f/n = 0.4: utility under attack;", 1)[1]
-    assert "ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning columns)" in second.splitlines()[0]
+    assert "the DPA EODD in the poisoning and label-flip columns" in second.splitlines()[0]
     fed_second = next(line for line in second.splitlines() if line.startswith("| fedavg |")).split(" | ")
     assert fed_second[head.index("alie (honest)")] == "0.425; 0.100; +0.000"
     assert "poisoning (honest)" in head
     summary = text.split("## Worst case over attacks and report modes", 1)[1].split("## Clean runs", 1)[0]
-    assert "| krum | 0.059 sign_flip/honest | n/a | n/a | not served |" in summary
+    assert "| krum | 0.059 sign_flip/honest | n/a | n/a | n/a (not served) |" in summary
     assert "0.500 alie/honest |" in summary.splitlines()[4]
 
 
