@@ -301,6 +301,38 @@ def _absent_text(grid: dict, defence: str, fraction: float) -> str:
     return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
 
 
+def _worst_text(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float, planned: int) -> str:
+    w = worst_cell(results, defence, fraction)
+    if w is not None:
+        return f"{_mean_text(w.ba_ad, planned)} {w.cell.attack}/{w.cell.report}"
+    return "n/a" if serves(grid, defence, count_from_fraction(grid["clients"], fraction)) else "n/a (not served)"
+
+
+def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: int) -> list[str]:
+    """The BA AD table of one f/n (with the worst-case column) and its utility / weight share / ΔEOD table."""
+    defences = list(grid["defences"])
+    columns = [(a, rep) for a in grid["attacks"] for rep in grid["report_modes"]
+               if any(Cell(d, a, rep, f) in results for d in defences)]
+    head = "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns)
+    lines = ["", f"## f/n = {f}: BA AD", "", head + " | worst case |", "| --- |" + " ---: |" * (len(columns) + 1)]
+    for d in defences:
+        row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results
+               else _absent_text(grid, d, f) for a, rep in columns]
+        lines.append(f"| {d} | " + " | ".join([*row, _worst_text(results, grid, d, f, n)]) + " |")
+    lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over rounds); "
+              "ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning and label-flip columns)", "",
+              head + " |", "| --- |" + " ---: |" * len(columns)]
+    for d in defences:
+        row = []
+        for a, rep in columns:
+            r = results.get(Cell(d, a, rep, f))
+            row.append(_absent_text(grid, d, f) if r is None else
+                       f"{_mean_text(r.utility, n)}; {_mean_text(r.weight_share, n)}; "
+                       f"{_mean_text(r.delta_eod, n, signed=True)}")
+        lines.append(f"| {d} | " + " | ".join(row) + " |")
+    return lines
+
+
 def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
     n = len(seeds)
     lines = [title, "",
@@ -314,43 +346,14 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     lines += ["## Worst case over attacks and report modes", "",
               "| defence | " + " | ".join(f"f/n = {f}" for f in grid["fractions"]) + " |",
               "| --- |" + " ---: |" * len(grid["fractions"])]
-    for d in defences:
-        row = []
-        for f in grid["fractions"]:
-            w = worst_cell(results, d, f)
-            served = serves(grid, d, count_from_fraction(grid["clients"], f))
-            row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w
-                       else "n/a" if served else "n/a (not served)")
-        lines.append(f"| {d} | " + " | ".join(row) + " |")
+    lines += [f"| {d} | " + " | ".join(_worst_text(results, grid, d, f, n) for f in grid["fractions"]) + " |"
+              for d in defences]
     lines += ["", "## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
     for d in defences:
         r = results.get(Cell(d, CLEAN, "honest", 0.0))
         lines.append(f"| {d} | {_mean_text(r.utility, n) if r else 'n/a'} |")
     for f in grid["fractions"]:
-        columns = [(a, rep) for a in grid["attacks"] for rep in grid["report_modes"]
-                   if any(Cell(d, a, rep, f) in results for d in defences)]
-        lines += ["", f"## f/n = {f}: BA AD", "",
-                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " | worst case |",
-                  "| --- |" + " ---: |" * (len(columns) + 1)]
-        for d in defences:
-            row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results
-                   else _absent_text(grid, d, f) for a, rep in columns]
-            w = worst_cell(results, d, f)
-            row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
-            lines.append(f"| {d} | " + " | ".join(row) + " |")
-        lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over "
-                  "rounds); ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning and label-flip "
-                  "columns)", "",
-                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " |",
-                  "| --- |" + " ---: |" * len(columns)]
-        for d in defences:
-            row = []
-            for a, rep in columns:
-                r = results.get(Cell(d, a, rep, f))
-                row.append(_absent_text(grid, d, f) if r is None else
-                           f"{_mean_text(r.utility, n)}; {_mean_text(r.weight_share, n)}; "
-                           f"{_mean_text(r.delta_eod, n, signed=True)}")
-            lines.append(f"| {d} | " + " | ".join(row) + " |")
+        lines += _fraction_tables(results, grid, f, n)
     rule = grid["decision"]
     lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
     for c in decide(results, grid):
