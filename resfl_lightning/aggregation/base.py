@@ -91,5 +91,19 @@ class GatherAllRule(AggregationRule):
         raise NotImplementedError
 
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:
-        """Logged per-client weight: one equal vote each (a rule that weighs clients overrides this)."""
+        """Logged per-client weight: the effective weights the last `aggregate` of these clients recorded
+        (`record_effective`), else one equal vote each (a rule that weighs clients otherwise overrides this)."""
+        effective = getattr(self, "_effective", None)
+        if effective is not None and set(effective) == {r.client_id for r in reports}:
+            return {r.client_id: effective[r.client_id] for r in reports}
         return {r.client_id: 1.0 / len(reports) for r in reports}
+
+    def record_effective(self, reports: list[ClientReport], picked: torch.Tensor) -> None:
+        """Record each client's effective weight: the mean over coordinates of the coefficient its value has in the
+        aggregate, for a rule whose aggregate is, per coordinate, the mean of the same number of picked values
+        (`picked`: row indices, [k, P], or [m] for whole updates; a coordinate-wise median of an even count picks
+        two). The logged weights then sum to 1 and say how much of the aggregate came from each client (Krum's
+        selected client gets 1, a median's attacker the share of coordinates where its value was taken)."""
+        counts = torch.bincount(picked.reshape(-1).to(torch.int64), minlength=len(reports)).to(torch.float64)
+        counts = counts / counts.sum()
+        self._effective = {r.client_id: float(c) for r, c in zip(reports, counts)}

@@ -55,9 +55,12 @@ class Bulyan(GatherAllRule):
 
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
         self.check_clients(deltas.shape[0])
-        selected = deltas[bulyan_selection(deltas, self.f)].to(torch.float64)
+        chosen = bulyan_selection(deltas, self.f)
+        selected = deltas[chosen].to(torch.float64)
         keep = selected.shape[0] - 2 * self.f
         ordered, mid = selected.sort(dim=0).values, selected.shape[0] // 2
         median = ordered[mid] if selected.shape[0] % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         closest = (selected - median).abs().argsort(dim=0, stable=True)[:keep]
+        client_rows = torch.tensor(chosen, device=closest.device)  # row j of `selected` is client row chosen[j]
+        self.record_effective(reports, client_rows[closest])
         return selected.gather(0, closest).mean(dim=0)

@@ -47,4 +47,5 @@ class Krum(GatherAllRule):
         self.check_clients(n)  # the orchestrator skips such a round before calling; direct callers get the error
         m = n - self.f if self.m is None else min(self.m, n)
         chosen = krum_scores(deltas, self.f).argsort(stable=True)[:m]
+        self.record_effective(reports, chosen)
         return deltas[chosen].to(torch.float64).mean(dim=0)

@@ -18,8 +18,10 @@ class CoordinateMedian(GatherAllRule):
     uses_client_evaluation = False  # the updates only
 
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
-        ordered = deltas.sort(dim=0).values
+        ordered, rows = deltas.sort(dim=0)
         mid = ordered.shape[0] // 2
         if ordered.shape[0] % 2:
+            self.record_effective(reports, rows[mid])
             return ordered[mid].to(torch.float64)
+        self.record_effective(reports, rows[mid - 1:mid + 1])
         return (ordered[mid - 1].to(torch.float64) + ordered[mid].to(torch.float64)) / 2

@@ -25,5 +25,6 @@ class TrimmedMean(GatherAllRule):
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
         n = deltas.shape[0]
         k = math.floor(self.beta * n)
-        kept = deltas.sort(dim=0).values[k:n - k]
-        return kept.to(torch.float64).mean(dim=0)
+        ordered, rows = deltas.sort(dim=0)
+        self.record_effective(reports, rows[k:n - k])
+        return ordered[k:n - k].to(torch.float64).mean(dim=0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.figures import save_figure
+from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
@@ -238,6 +238,9 @@ def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: st
     return "\n".join(lines) + "\n"
 
 
+DODGE = 1.07  # x factor between neighbouring methods' points on the log ε axis
+
+
 def plot_curve(grid: CurveGrid, rows: list[RowSummary], path: Path, title: str, task: str) -> None:
     """Utility against the target epsilon (log scale; ∞ drawn right of the largest finite one), one line per method
     with its Student-t intervals; the ablations as horizontal lines with their interval bands."""
@@ -253,13 +256,14 @@ def plot_curve(grid: CurveGrid, rows: list[RowSummary], path: Path, title: str, 
         return inf_x if math.isinf(eps) else eps
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for method in grid.methods:
+    for i, method in enumerate(grid.methods):
         pts = sorted((x_of(r.point.epsilon), r.utility) for r in rows
                      if r.point.name == method and r.point.epsilon is not None and r.utility.n)
+        dodge = DODGE ** (i - (len(grid.methods) - 1) / 2)  # the methods' intervals at one ε overlap otherwise
         if pts:
-            ax.errorbar([x for x, _ in pts], [t.mean for _, t in pts],
-                        yerr=[0.0 if t.n < 2 else t.high - t.mean for _, t in pts], marker="o", capsize=3,
-                        label=method)
+            ax.errorbar([x * dodge for x, _ in pts], [t.mean for _, t in pts],
+                        yerr=[0.0 if t.n < 2 else t.high - t.mean for _, t in pts], capsize=3, label=method,
+                        **series_style(i))
     for style, r in zip(("--", ":", "-.", (0, (5, 1))), [r for r in rows if r.point.epsilon is None]):
         if not r.utility.n:
             continue

@@ -294,40 +294,66 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
     return text + (f" (n={t.n})" if t.n < planned else "")
 
 
+def _absent_text(grid: dict, defence: str, fraction: float) -> str:
+    """What a column shows for a cell the grid does not run, and why."""
+    if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
+        return "n/a (not served)"
+    return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
+
+
+def _worst_text(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float, planned: int) -> str:
+    w = worst_cell(results, defence, fraction)
+    if w is not None:
+        return f"{_mean_text(w.ba_ad, planned)} {w.cell.attack}/{w.cell.report}"
+    return "n/a" if serves(grid, defence, count_from_fraction(grid["clients"], fraction)) else "n/a (not served)"
+
+
+def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: int) -> list[str]:
+    """The BA AD table of one f/n (with the worst-case column) and its utility / weight share / ΔEOD table."""
+    defences = list(grid["defences"])
+    columns = [(a, rep) for a in grid["attacks"] for rep in grid["report_modes"]
+               if any(Cell(d, a, rep, f) in results for d in defences)]
+    head = "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns)
+    lines = ["", f"## f/n = {f}: BA AD", "", head + " | worst case |", "| --- |" + " ---: |" * (len(columns) + 1)]
+    for d in defences:
+        row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results
+               else _absent_text(grid, d, f) for a, rep in columns]
+        lines.append(f"| {d} | " + " | ".join([*row, _worst_text(results, grid, d, f, n)]) + " |")
+    lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over rounds); "
+              "ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning and label-flip columns)", "",
+              head + " |", "| --- |" + " ---: |" * len(columns)]
+    for d in defences:
+        row = []
+        for a, rep in columns:
+            r = results.get(Cell(d, a, rep, f))
+            row.append(_absent_text(grid, d, f) if r is None else
+                       f"{_mean_text(r.utility, n)}; {_mean_text(r.weight_share, n)}; "
+                       f"{_mean_text(r.delta_eod, n, signed=True)}")
+        lines.append(f"| {d} | " + " | ".join(row) + " |")
+    return lines
+
+
 def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
     n = len(seeds)
     lines = [title, "",
              f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
              "defence's clean run of the same seed. BA AD = (clean - attacked) / clean utility; mean [95 % Student-t "
-             "interval over seeds]; n shown where below the seeds run; n/a: the rule cannot serve that f "
-             "(Krum n < 2f + 3, Bulyan n < 4f + 3) or no run finished.", ""]
+             "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; n/a (not "
+             "served): the rule cannot serve that f (Krum n < 2f + 3, Bulyan n < 4f + 3); = honest: the defence reads "
+             "no report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
+             "cannot evaluate what they send.", ""]
     defences = list(grid["defences"])
-    lines += ["## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
+    lines += ["## Worst case over attacks and report modes", "",
+              "| defence | " + " | ".join(f"f/n = {f}" for f in grid["fractions"]) + " |",
+              "| --- |" + " ---: |" * len(grid["fractions"])]
+    lines += [f"| {d} | " + " | ".join(_worst_text(results, grid, d, f, n) for f in grid["fractions"]) + " |"
+              for d in defences]
+    lines += ["", "## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
     for d in defences:
         r = results.get(Cell(d, CLEAN, "honest", 0.0))
         lines.append(f"| {d} | {_mean_text(r.utility, n) if r else 'n/a'} |")
     for f in grid["fractions"]:
-        columns = [(a, rep) for a in grid["attacks"] for rep in grid["report_modes"]
-                   if any(Cell(d, a, rep, f) in results for d in defences)]
-        lines += ["", f"## f/n = {f}: BA AD", "",
-                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " | worst case |",
-                  "| --- |" + " ---: |" * (len(columns) + 1)]
-        for d in defences:
-            row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results else "n/a"
-                   for a, rep in columns]
-            w = worst_cell(results, d, f)
-            row.append(f"{_mean_text(w.ba_ad, n)} {w.cell.attack}/{w.cell.report}" if w else "n/a")
-            lines.append(f"| {d} | " + " | ".join(row) + " |")
-        lines += ["", f"f/n = {f}: attackers' share of the aggregation weight (mean over rounds) and ΔEOD vs clean", "",
-                  "| defence | " + " | ".join(f"{a} ({rep})" for a, rep in columns) + " |",
-                  "| --- |" + " ---: |" * len(columns)]
-        for d in defences:
-            row = []
-            for a, rep in columns:
-                r = results.get(Cell(d, a, rep, f))
-                row.append("n/a" if r is None else
-                           f"{_mean_text(r.weight_share, n)}; {_mean_text(r.delta_eod, n, signed=True)}")
-            lines.append(f"| {d} | " + " | ".join(row) + " |")
+        lines += _fraction_tables(results, grid, f, n)
     rule = grid["decision"]
     lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
     for c in decide(results, grid):
@@ -336,15 +362,20 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     return "\n".join(lines) + "\n"
 
 
-def figure(results: dict[Cell, CellResult], grid: dict, path: Path) -> Path:
-    """Worst-case BA AD (over attacks and report modes) against f/n, one line per defence, with t-intervals."""
+def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
+    """(fig, ax) of worst-case BA AD (over attacks and report modes) against f/n, one line per defence with its
+    t-interval; each defence its own colour and marker, the decision rule's defence (in black) and baseline drawn
+    heavier."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in grid["defences"]:
+    from resfl_lightning.analysis.figures import TITLE_WIDTH, series_style
+
+    rule = grid["decision"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, d in enumerate(grid["defences"]):
         xs, ys, lo, hi = [], [], [], []
         for f in grid["fractions"]:
             w = worst_cell(results, d, f)
@@ -356,13 +387,29 @@ def figure(results: dict[Cell, CellResult], grid: dict, path: Path) -> Path:
             lo.append(t.mean - t.low if t.n >= 2 else 0.0)
             hi.append(t.high - t.mean if t.n >= 2 else 0.0)
         if xs:
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=d)
+            key = d in (rule["defence"], rule["baseline"])
+            style = series_style(i) | ({"color": "black"} if d == rule["defence"] else {})  # black: in no cycle
+            ax.errorbar(xs, ys, yerr=[lo, hi], capsize=3, label=d, linewidth=2.2 if key else 1.0,
+                        markersize=6 if key else 4, **style)
     ax.set_xlabel("attacker fraction f/n")
     ax.set_ylabel("worst-case BA AD (relative utility drop)")
-    ax.axhline(grid["decision"]["worst_ba_ad"], color="grey", linestyle=":", linewidth=1)
+    ax.axhline(rule["worst_ba_ad"], color="grey", linestyle=":", linewidth=1,
+               label=f"decision bound {rule['worst_ba_ad']}")
+    if title:
+        import textwrap
+
+        ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig, ax
+
+
+def figure(results: dict[Cell, CellResult], grid: dict, path: Path, title: str = "") -> Path:
+    """figure_axes saved to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig, _ = figure_axes(results, grid, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -393,9 +440,11 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
              f"--jobs {jobs})")
     body = markdown(results, grid, title, seed_list)
     (out / "robustness.md").write_text(body)
-    figure(results, grid, out / "robustness.png")
+    caption = (f"{dataset}, {scenario}{f', subset {subset}' if subset else ''}: worst case over attacks and report "
+               f"modes, mean and 95 % t-interval over seeds {seed_list[0]}-{seed_list[-1]}")
+    figure(results, grid, out / "robustness.png", caption)
     if results_path is not None:
-        png = figure(results, grid, results_path.with_suffix(".png"))
+        png = figure(results, grid, results_path.with_suffix(".png"), caption)
         write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
                       writer="resfl robustness")
     if failures:

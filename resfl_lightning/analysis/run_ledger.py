@@ -155,6 +155,58 @@ class Ledger:
                 "command with this ledger first finds it finished)")
 
 
+@dataclass(frozen=True)
+class ExperimentSummary:
+    experiment: str
+    runs: int          # distinct runs (the newest entry of a run counts)
+    chunks: int
+    commits: tuple[str, ...]
+    first: str         # dates of the oldest and newest entries
+    last: str
+
+
+def summarise(root: Path) -> list[ExperimentSummary]:
+    """What a ledger holds, one line per experiment folder."""
+    out = []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        entries = Ledger(Path(root)).entries(folder.name)
+        if not entries:
+            continue
+        dates = sorted(e.get("date", "") for e in entries.values())
+        commits = tuple(sorted({e.get("commit", "?").split(" ")[0][:12] for e in entries.values()}))
+        out.append(ExperimentSummary(folder.name, len(entries), len(list(folder.glob("*.jsonl.gz"))), commits,
+                                     dates[0], dates[-1]))
+    return out
+
+
+def drop(root: Path, experiment: str, pattern: str) -> list[str]:
+    """Remove every entry of `experiment` whose run name matches the glob `pattern` (each chunk rewritten atomically,
+    a chunk left empty deleted); returns the names dropped. For runs recorded with a defect that a later fix
+    corrects in what they logged: the next command with the ledger trains them again, provided their folders are
+    gone from the machine it runs on (a finished folder is recorded again)."""
+    import fnmatch
+
+    folder = Path(root) / experiment
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such experiment in the ledger")
+    dropped: list[str] = []
+    for chunk in sorted(folder.glob("*.jsonl.gz")):
+        with gzip.open(chunk, "rt", encoding="utf-8") as fh:
+            rows = [(json.loads(line)["run"], line) for line in fh]
+        kept = [line for name, line in rows if not fnmatch.fnmatchcase(name, pattern)]
+        if len(kept) == len(rows):
+            continue
+        dropped += [name for name, _ in rows if fnmatch.fnmatchcase(name, pattern)]
+        if not kept:
+            chunk.unlink()
+            continue
+        partial = chunk.with_name(chunk.name + ".partial")
+        with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as fh:
+            fh.writelines(kept)
+        os.replace(partial, chunk)
+    return sorted(set(dropped))
+
+
 _ACTIVE: Ledger | None = None
 
 

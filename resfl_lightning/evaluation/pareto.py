@@ -11,8 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from resfl_lightning.analysis.figures import series_style  # noqa: E402
+
 PANELS = (("score/fairness", "Fairness Score (lower is fairer)"), ("privacy_score", "Privacy Score (lower leaks less)"))
-MARKERS = "osD^vP*Xh<>p"
 
 
 # Where a label may sit around its point, in points (x, y), with its text alignment; tried in this order.
@@ -68,8 +69,8 @@ def plot_pareto(summary: dict, path: Path, title: str = "") -> Path:
             x, y = cols[key][0], cols["utility"][0]
             if math.isnan(x.mean) or math.isnan(y.mean):
                 continue
-            color = plt.cm.tab20((2 * i) % 20 + (2 * i // 20) % 2)  # ten dark colours, then their light ones
-            ax.errorbar(x.mean, y.mean, xerr=_err(x), yerr=_err(y), fmt=MARKERS[i % len(MARKERS)], color=color,
+            style = series_style(i)
+            ax.errorbar(x.mean, y.mean, xerr=_err(x), yerr=_err(y), fmt=style["marker"], color=style["color"],
                         capsize=3, label=method)
             shown.append((method, x.mean, y.mean))
         ax.get_xlim(), ax.get_ylim()  # settles the lazy autoscaling before reading the transform

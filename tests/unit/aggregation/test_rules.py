@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -241,3 +242,65 @@ def test_a_round_left_with_too_few_updates_for_krum_is_skipped_not_fatal(tmp_pat
     torch.testing.assert_close(rec.thetas[0], rec.initial, rtol=0, atol=0)  # round 0: theta_G unchanged
     assert rec.metrics[1]["round/skipped"] == 0.0 and not torch.equal(rec.thetas[1], rec.thetas[0])
     assert state.round_idx == 1
+
+
+# --- effective weights: how much of the aggregate came from each client (the logged weights) ----------------------
+def _effective_rules():
+    from resfl_lightning.aggregation.bulyan import Bulyan
+    from resfl_lightning.aggregation.krum import Krum
+    from resfl_lightning.aggregation.trimmed_mean import TrimmedMean
+
+    return [CoordinateMedian(), TrimmedMean(beta=0.2), Krum(f=1, m=1), Krum(f=1, m=None), Bulyan(f=1)]
+
+
+@pytest.mark.parametrize("n", [7, 8])
+@pytest.mark.parametrize("rule", range(5))
+def test_effective_weights_are_each_coordinates_coefficients_averaged(n, rule):
+    """On one coordinate each rule's aggregate is sum_i w_i d_i with the weights it logs; over P coordinates the logged
+    weight is the mean of the P one-coordinate weights (Krum and Multi-Krum pick whole updates, so the same on every
+    coordinate). They sum to 1; a client the rule never takes gets 0."""
+    torch.manual_seed(n + rule)
+    deltas = torch.randn(n, 6, dtype=torch.float64)
+    deltas[0] = 50.0  # an outlier no rule here takes
+    reps = [report(i) for i in range(n)]
+    whole = _effective_rules()[rule]
+    full = whole.aggregate(deltas, reps)
+    w = whole.weights(reps)
+    assert sum(w.values()) == pytest.approx(1.0) and w[0] == 0.0
+    if rule in (2, 3):  # Krum / Multi-Krum: the mean of the picked rows, with the logged weights
+        assert torch.allclose(full, sum(w[i] * deltas[i] for i in range(n)))
+        return
+    if rule == 4:  # Bulyan picks its rows on whole updates, then per coordinate: python loops over that selection
+        from resfl_lightning.aggregation.bulyan import bulyan_selection
+
+        chosen = bulyan_selection(deltas, 1)
+        keep, expected = len(chosen) - 2, [0.0] * n
+        for c in range(deltas.shape[1]):
+            values = [float(deltas[i, c]) for i in chosen]
+            med = float(np.median(values))
+            closest = sorted(range(len(chosen)), key=lambda j: abs(values[j] - med))[:keep]
+            assert float(full[c]) == pytest.approx(sum(values[j] for j in closest) / keep)
+            for j in closest:
+                expected[chosen[j]] += 1 / keep / deltas.shape[1]
+        assert [w[i] for i in range(n)] == pytest.approx(expected)
+        return
+    per_column = []
+    for c in range(deltas.shape[1]):
+        one = _effective_rules()[rule]
+        value = one.aggregate(deltas[:, c:c + 1], reps)
+        wc = one.weights(reps)
+        assert torch.allclose(value, sum(wc[i] * deltas[i, c:c + 1] for i in range(n)))  # the coefficients
+        assert value == pytest.approx(float(full[c]))
+        per_column.append([wc[i] for i in range(n)])
+    assert [w[i] for i in range(n)] == pytest.approx(torch.tensor(per_column).mean(dim=0).tolist())
+
+
+def test_krum_logs_one_for_the_client_it_picks_not_an_equal_vote():
+    from resfl_lightning.aggregation.krum import Krum
+
+    deltas = torch.tensor([[0.0], [0.1], [0.2], [0.15], [9.0]], dtype=torch.float64)
+    rule, reps = Krum(f=1, m=1), [report(i) for i in range(5)]
+    rule.aggregate(deltas, reps)
+    # hand-computed: scores over the n - f - 2 = 2 nearest: client 3 (0.05^2 + 0.05^2) is lowest
+    assert rule.weights(reps) == {0: 0.0, 1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0}
+    assert Krum(f=1, m=1).weights(reps) == {i: 0.2 for i in range(5)}  # nothing aggregated yet: one vote each

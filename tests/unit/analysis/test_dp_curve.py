@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -158,3 +159,22 @@ def test_plot_with_a_single_seed_and_detection(tmp_path: Path):
     plot_curve(grid, rows, tmp_path / "c.png", "t", "detection")
     assert (tmp_path / "c.png").is_file()
     assert "test mAP@50" in curve_markdown(grid, "t", rows, "detection", ["run x failed"])
+
+
+def test_methods_at_one_epsilon_are_drawn_apart_around_its_tick(tmp_path: Path, monkeypatch):
+    """Three methods' intervals at the same ε covered each other; each method is now shifted by a constant factor on
+    the log axis, symmetric about the ε tick, in its own colour and marker."""
+    import matplotlib.pyplot as plt
+
+    grid = load_grid()
+    rows = [summarise(p, {s: dp_run(0.3 + 0.01 * s) for s in range(3)}, 0.95) for p in curve_points(grid)]
+    drawn = {}
+    monkeypatch.setattr(dp_curve, "save_figure", lambda fig, ax, title, path: (drawn.update(ax=ax), plt.close(fig)))
+    plot_curve(grid, rows, tmp_path / "c.png", "t", "classification")
+    lines = [c.lines[0] for c in drawn["ax"].containers]
+    assert len(lines) == len(grid.methods) >= 2
+    first = sorted(float(line.get_xdata()[0]) for line in lines)  # every method's point at the smallest ε
+    smallest = min(e for e in grid.epsilons)
+    assert len(set(first)) == len(lines) and np.isclose(np.exp(np.mean(np.log(first))), smallest)
+    assert len({(line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color()),
+                 line.get_marker()) for line in lines}) == len(lines)

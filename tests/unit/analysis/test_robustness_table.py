@@ -18,6 +18,7 @@ from resfl_lightning.analysis.robustness import (
     cell_overrides,
     cell_results,
     decide,
+    figure_axes,
     grid_cells,
     load_grid,
     markdown,
@@ -153,6 +154,56 @@ def test_decision_rule_fails_a_liar_gain_and_says_by_how_much():
     assert criteria[3].passed is False and "+0.050" in criteria[3].detail
     text = markdown(cell_results(_values(table), cells, [0, 1, 2]), _grid(), "# t", [0, 1, 2])
     assert "FAILED" in text and "| resfl_robust |" in text
+
+
+def test_figure_tells_every_defence_of_the_full_grid_apart():
+    """13 defences: matplotlib's default cycle repeats its ten colours, so fedavg and flame were drawn alike; every
+    line now differs from every other in colour or marker, and the decision defence is the only black one."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    grid = select(load_grid(), None)
+    table = {}
+    for i, d in enumerate(grid["defences"]):
+        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
+        table[(d, "sign_flip", "honest", 0.2)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
+    res = cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
+    fig, ax = figure_axes(res, grid, "t")
+    handles, labels = ax.get_legend_handles_labels()
+    lines = {label: h.lines[0] if hasattr(h, "lines") else h for h, label in zip(handles, labels)}
+    styles = {d: (to_hex(lines[d].get_color()), lines[d].get_marker()) for d in grid["defences"]}
+    plt.close(fig)
+    assert len(set(styles.values())) == len(grid["defences"]) == 13
+    rule = grid["decision"]
+    assert [d for d, (c, _) in styles.items() if c == "#000000"] == [rule["defence"]]
+
+
+def test_markdown_says_why_a_column_has_no_run():
+    """A cell the grid never runs is not a missing run: Krum at f = 4 of 10 is not served, FedAvg reads no report (its
+    `lie` column is the honest run), an omniscient attack has no `sent` column; n/a is left for runs that did not
+    finish. The worst case per defence and f/n heads the file."""
+    grid = select(load_grid(), None)
+    table = {("krum", CLEAN, "honest", 0.0): [0.85], ("krum", "sign_flip", "honest", 0.1): [0.80],
+             ("fedavg", CLEAN, "honest", 0.0): [0.85], ("fedavg", "alie", "honest", 0.4): [0.425]}
+    cells = grid_cells(grid)
+    res = cell_results(_values(table), cells, [0])
+    text = markdown(res, grid, "# t", [0])
+    row = lambda section, d: next(line for line in text.split(section, 1)[1].splitlines()  # noqa: E731
+                                  if line.startswith(f"| {d} |")).split(" | ")
+    head = text.split("## f/n = 0.4: BA AD", 1)[1].splitlines()[2].split(" | ")
+    fed, resfl, krum = (row("## f/n = 0.4: BA AD", d) for d in ("fedavg", "resfl", "krum"))
+    assert fed[head.index("alie (lie)")] == "= honest" and fed[head.index("alie (honest)")] == "0.500"
+    assert "alie (sent)" not in head and resfl[head.index("alie (lie)")] == "n/a"
+    assert krum[head.index("sign_flip (honest)")] == "n/a (not served)"  # the protocol's n/a, with its reason
+    # the issue's per-cell numbers: utility under attack, weight share, and ΔEOD = the poisoning columns' DPA EODD
+    second = text.split("f/n = 0.4: utility under attack;", 1)[1]
+    assert "the DPA EODD in the poisoning and label-flip columns" in second.splitlines()[0]
+    fed_second = next(line for line in second.splitlines() if line.startswith("| fedavg |")).split(" | ")
+    assert fed_second[head.index("alie (honest)")] == "0.425; 0.100; +0.000"
+    assert "poisoning (honest)" in head
+    summary = text.split("## Worst case over attacks and report modes", 1)[1].split("## Clean runs", 1)[0]
+    assert "| krum | 0.059 sign_flip/honest | n/a | n/a | n/a (not served) |" in summary
+    assert "0.500 alie/honest |" in summary.splitlines()[4]
 
 
 def test_missing_cells_are_not_decidable():

@@ -113,6 +113,33 @@ def test_finished_runs_the_ledger_lacks_are_recorded_and_chunks_rotate(tmp_path:
     assert json.loads(entries["fedavg-s3"]["files"]["summary.json"]) == {"test/accuracy": 0.75}
 
 
+def test_dropped_entries_are_trained_again_and_the_rest_restored(tmp_path: Path, monkeypatch, capsys):
+    """`resfl ledger DIR --drop EXP --match GLOB`: the matching entries leave every chunk (one left empty is
+    deleted), the others stay byte for byte, and a fresh machine restores only those."""
+    from resfl_lightning.cli.ledger import main as ledger_main
+
+    monkeypatch.setattr(run_ledger, "CHUNK_RUNS", 2)
+    names = {"krum-s1": 1, "median-s2": 2, "krum-s3": 3}
+    runs = {n: finished(tmp_path / "m1" / "exp" / n, ["algorithm=fedavg", f"seed={s}"], s / 4)
+            for n, s in names.items()}
+    Ledger(tmp_path / "ledger").sync([(rd, ["algorithm=fedavg", f"seed={names[n]}", f"run_dir={rd}"])
+                                      for n, rd in runs.items()])
+    first, second = sorted((tmp_path / "ledger" / "exp").glob("*.jsonl.gz"))  # [krum-s1, median-s2], [krum-s3]
+    assert ledger_main([str(tmp_path / "ledger"), "--drop", "exp", "--match", "krum-*"]) == 0
+    assert "exp: 2 entries dropped (krum-s1 ... krum-s3)" in capsys.readouterr().out
+    assert first.is_file() and not second.exists() and not list(first.parent.glob("*.partial"))
+    assert sorted(Ledger(tmp_path / "ledger").entries("exp")) == ["median-s2"]
+
+    fresh = Ledger(tmp_path / "ledger")
+    targets = {n: tmp_path / "m2" / "exp" / n for n in names}
+    fresh.sync([(rd, ["algorithm=fedavg", f"seed={names[n]}", f"run_dir={rd}"]) for n, rd in targets.items()])
+    assert [is_finished(targets[n]) for n in names] == [False, True, False]
+    assert ledger_main([str(tmp_path / "ledger")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("exp: 1 runs in 1 chunks, recorded ")
+    with pytest.raises(SystemExit, match="no such experiment"):
+        ledger_main([str(tmp_path / "ledger"), "--drop", "nope", "--match", "*"])
+
+
 def test_a_broken_chunk_names_its_file_and_line(tmp_path: Path):
     chunk = tmp_path / "exp" / "x-001.jsonl.gz"
     chunk.parent.mkdir()
