@@ -63,6 +63,21 @@ def _rows_with(keys: tuple[str, ...] | None, text: str) -> str:
     return "".join(json.dumps(row) + "\n" for row in kept if row)
 
 
+def _chunk_entries(chunk: Path) -> list[dict]:
+    """The entries of one chunk, in order; a line that is not an entry names the chunk and line."""
+    entries = []
+    with gzip.open(chunk, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                entry = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{chunk}, line {n}: not a ledger entry ({err})") from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("run"), str):
+                raise ValueError(f"{chunk}, line {n}: not a ledger entry (no run name)")
+            entries.append(entry)
+    return entries
+
+
 @dataclass
 class Ledger:
     root: Path
@@ -73,16 +88,8 @@ class Ledger:
 
     def entries(self, experiment: str) -> dict[str, dict]:
         """run name -> its newest entry, over every chunk of the experiment (later chunk names win)."""
-        found: dict[str, dict] = {}
-        for chunk in sorted((self.root / experiment).glob("*.jsonl.gz")):
-            with gzip.open(chunk, "rt", encoding="utf-8") as fh:
-                for n, line in enumerate(fh, 1):
-                    try:
-                        entry = json.loads(line)
-                        found[entry["run"]] = entry
-                    except (ValueError, KeyError, TypeError) as err:
-                        raise ValueError(f"{chunk}, line {n}: not a ledger entry ({err})") from None
-        return found
+        return {entry["run"]: entry for chunk in sorted((self.root / experiment).glob("*.jsonl.gz"))
+                for entry in _chunk_entries(chunk)}
 
     def record(self, run_dir: Path, overrides: list[str]) -> None:
         """Add the finished run in `run_dir` (trained with `overrides`) to this process's open chunk of its
@@ -183,7 +190,8 @@ def drop(root: Path, experiment: str, pattern: str) -> list[str]:
     """Remove every entry of `experiment` whose run name matches the glob `pattern` (each chunk rewritten atomically,
     a chunk left empty deleted); returns the names dropped. For runs recorded with a defect that a later fix
     corrects in what they logged: the next command with the ledger trains them again, provided their folders are
-    gone from the machine it runs on (a finished folder is recorded again)."""
+    gone from the machine it runs on (a finished folder is recorded again). Run it while no command writes to the
+    ledger: a running one rewrites its open chunk from memory, with the entries it recorded."""
     import fnmatch
 
     folder = Path(root) / experiment
@@ -191,8 +199,7 @@ def drop(root: Path, experiment: str, pattern: str) -> list[str]:
         raise ValueError(f"{folder}: no such experiment in the ledger")
     dropped: list[str] = []
     for chunk in sorted(folder.glob("*.jsonl.gz")):
-        with gzip.open(chunk, "rt", encoding="utf-8") as fh:
-            rows = [(json.loads(line)["run"], line) for line in fh]
+        rows = [(entry["run"], json.dumps(entry, sort_keys=True) + "\n") for entry in _chunk_entries(chunk)]
         kept = [line for name, line in rows if not fnmatch.fnmatchcase(name, pattern)]
         if len(kept) == len(rows):
             continue

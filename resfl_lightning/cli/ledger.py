@@ -3,7 +3,8 @@ one line per experiment: runs, chunks, the commits and dates they were recorded 
 
 `resfl ledger DIR --drop EXPERIMENT --match GLOB` removes the entries whose run names match, e.g. runs that logged a
 metric a later fix corrects; delete the same run folders on the machine that continues, then the experiment's command
-with `--ledger DIR` trains them again. Commit the ledger with the reason.
+with `--ledger DIR` trains them again. Stop any command writing to the ledger first. Commit the ledger with the
+reason.
 
   resfl ledger docs/results/ledgers
   resfl ledger docs/results/ledgers --drop robustness-adult-race-iid --match 'krum-*'"""
