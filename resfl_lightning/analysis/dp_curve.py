@@ -21,8 +21,9 @@ from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import default_out, table_preset
-from resfl_lightning.metrics.statistics import TTest, t_test
+from resfl_lightning.metrics.statistics import TTest, below_utility_floor, t_test
 from resfl_lightning.resources import conf_dir
 
 # summary.json key -> the column it feeds (per run); the utility is accuracy, or mAP@50 for detection
@@ -163,6 +164,7 @@ def run_values(run_dir: Path) -> dict | None:
         out["epsilon_spent"] = math.inf
     out["utility"] = run.utility
     out["task"] = run.task
+    out["below_floor"] = below_utility_floor(run.summary, load_statistics().map50_floor)
     return out
 
 
@@ -205,15 +207,42 @@ def utility_cell(t: TTest) -> str:
 
 
 def row_cells(row: RowSummary) -> list[str]:
-    """ε target, n, utility, z, q, S_k, C, δ, spent ε (the largest over seeds), NSR (mean over seeds)."""
+    """ε target, n, utility, seeds that learned, z, q, S_k, C, δ, spent ε (the largest over seeds), NSR (mean
+    over seeds)."""
     p = row.point
     target = "no DP" if p.epsilon is None else ("∞ (clipping only)" if math.isinf(p.epsilon) else f"{p.epsilon:g}")
     spent = row.values("epsilon_spent")
     nsr = row.values("nsr")
     cells = [same_cell(row.values(k), k) for k in ("z", "q", "steps", "C", "delta")]
-    return [target, str(len(row.runs)), utility_cell(row.utility), *cells,
+    judged = [r for r in row.runs if r.get("utility") is not None]
+    learned = f"{sum(r.get('below_floor') is None for r in judged)}/{len(judged)}" if judged else "—"
+    return [target, str(len(row.runs)), utility_cell(row.utility), learned, *cells,
             _fmt(max(spent), "epsilon_spent") if spent else "—",
             _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
+
+
+def learns(row: RowSummary) -> bool | None:
+    """Whether every finished seed of the row is above the table's utility floor (None: no finished seed)."""
+    judged = [r for r in row.runs if r.get("utility") is not None]
+    return None if not judged else all(r.get("below_floor") is None for r in judged)
+
+
+def learns_from(grid: CurveGrid, rows: list[RowSummary], method: str) -> str:
+    """The smallest target ε of the grid from which on the method learns at it and at every larger ε (so one lucky
+    ε below a failing one does not count), as the curve's text states it."""
+    found = {r.point.epsilon: learns(r) for r in rows if r.point.name == method and r.point.epsilon is not None}
+    by_eps = [(eps, found.get(eps)) for eps in sorted(grid.epsilons)]
+    if any(ok is None for _, ok in by_eps):
+        return f"{method}: not decidable (a target ε has no finished run)"
+    start = None
+    for eps, ok in reversed(by_eps):
+        if not ok:
+            break
+        start = eps
+    if start is None:
+        return f"{method}: learns at no ε of the grid"
+    return (f"{method}: learns from ε = {epsilon_text(start)} on" if start != by_eps[0][0]
+            else f"{method}: learns at every ε of the grid (from {epsilon_text(start)})")
 
 
 def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: str, failures: list[str]) -> str:
@@ -229,9 +258,15 @@ def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: st
              "the mean over seeds). z, q, S_k are the median client's; a range means the seeds differ. ε = ∞: "
              "clipping without noise. Ablations (no DP-SGD): fedavg is the BatchNorm model, fedavg_gn the DP models' "
              "GroupNorm layout.", "",
-             "| method | ε target | n | utility | z | q | S_k | C | δ | spent ε | NSR |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| method | ε target | n | utility | learned | z | q | S_k | C | δ | spent ε | NSR |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r.point.name} | " + " | ".join(row_cells(r)) + " |" for r in rows]
+    floor = ("mAP@50 ≥ the table's floor (conf/table/statistics.yaml utility_floor)" if task == "detection"
+             else "accuracy above the test split's majority-class rate")
+    lines += ["", f"Where each method starts to learn (learned: seeds with {floor}, the table's \"did not learn\" "
+              "rule; a method learns at ε when every finished seed learned, and starts to learn at the smallest ε "
+              "from which it learns at every larger ε of the grid):", "",
+              *[f"- {learns_from(grid, rows, m)}" for m in grid.methods]]
     lines += ["", "![dp-curve](dp-curve.png)"]
     if failures:
         lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]

@@ -89,15 +89,15 @@ def test_row_cells_from_fabricated_runs():
     row = summarise(CurvePoint("fedavg_dp", 1.0), {s: dp_run(u, nsr=0.3 + 0.1 * s, spent=0.98 + 0.005 * s)
                                                    for s, u in enumerate(utilities)}, 0.95)
     ci = stats.t.interval(0.95, 2, loc=0.81, scale=stats.sem(utilities))
-    assert row_cells(row) == ["1", "3", f"0.8100 [{ci[0]:.4f}, {ci[1]:.4f}]", "2.5", "0.0397", "250", "1", "1e-06",
-                              "0.990", "0.4"]
+    assert row_cells(row) == ["1", "3", f"0.8100 [{ci[0]:.4f}, {ci[1]:.4f}]", "3/3", "2.5", "0.0397", "250", "1",
+                              "1e-06", "0.990", "0.4"]
     differing = summarise(CurvePoint("puffle", 1.0), {0: dp_run(0.7, steps=250.0), 1: dp_run(0.7, steps=240.0)}, 0.95)
-    assert row_cells(differing)[5] == "240–250"
+    assert row_cells(differing)[6] == "240–250"
     clip = summarise(CurvePoint("pfu_fl", math.inf), {0: dp_run(0.84, z=0.0, nsr=0.0, spent=math.inf)}, 0.95)
     assert row_cells(clip)[:3] == ["∞ (clipping only)", "1", "0.8400"] and row_cells(clip)[-2:] == ["∞", "0"]
     none = {"utility": 0.85, "task": "classification", **{k: None for k in dp_curve.DP_KEYS}}
     ablation = summarise(CurvePoint("fedavg"), {0: none, 1: dict(none, utility=0.86)}, 0.95)
-    assert row_cells(ablation)[0] == "no DP" and row_cells(ablation)[3:] == ["—"] * 7
+    assert row_cells(ablation)[0] == "no DP" and row_cells(ablation)[4:] == ["—"] * 7
 
 
 def fake_run(run_dir: Path, utility: float, z: float | None, task: str = "classification") -> None:
@@ -178,3 +178,30 @@ def test_methods_at_one_epsilon_are_drawn_apart_around_its_tick(tmp_path: Path, 
     assert len(set(first)) == len(lines) and np.isclose(np.exp(np.mean(np.log(first))), smallest)
     assert len({(line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color()),
                  line.get_marker()) for line in lines}) == len(lines)
+
+
+def test_where_each_method_starts_to_learn(tmp_path: Path):
+    """A method learns at ε when every finished seed is above the table's floor (detection mAP@50 >= 0.05); it starts
+    to learn at the smallest ε from which it learns at every larger ε, so a lucky ε below a failing one does not
+    count."""
+    grid = load_grid()
+    maps = {"fedavg_dp": {0.5: 0.01, 1: 0.02, 2: 0.2, 8: 0.3, math.inf: 0.4},   # from 2
+            "puffle": {0.5: 0.01, 1: 0.2, 2: 0.03, 8: 0.3, math.inf: 0.4},      # 1 is lucky: from 8
+            "pfu_fl": {e: 0.01 for e in grid.epsilons}}                          # never
+    rows = []
+    for method, per_eps in maps.items():
+        for eps, m in per_eps.items():
+            runs = {}
+            for s in range(3):
+                run_dir = tmp_path / f"{method}-{eps}-{s}"
+                run_dir.mkdir()
+                (run_dir / "summary.json").write_text(json.dumps({"test/map_50": m + 0.001 * s}))
+                (run_dir / "config.yaml").write_text("dataset:\n  task: detection\n")
+                runs[s] = run_values(run_dir)
+            rows.append(summarise(CurvePoint(method, eps), runs, 0.95))
+    assert row_cells(rows[2])[3] == "3/3" and row_cells(rows[0])[3] == "0/3"
+    assert [dp_curve.learns_from(grid, rows, m) for m in grid.methods] == [
+        "fedavg_dp: learns from ε = 2 on", "puffle: learns from ε = 8 on", "pfu_fl: learns at no ε of the grid"]
+    text = curve_markdown(grid, "t", rows, "detection", [])
+    assert "- puffle: learns from ε = 8 on" in text and "| learned |" in text
+    assert dp_curve.learns_from(grid, rows[:4], "fedavg_dp").endswith("not decidable (a target ε has no finished run)")
