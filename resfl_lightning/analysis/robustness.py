@@ -77,10 +77,11 @@ def select(grid: dict, subset: str | None) -> dict:
     return out
 
 
-def serves(grid: dict, defence: str, f: int) -> bool:
-    """Whether the defence can run with f attackers among the grid's n clients (Krum n >= 2f + 3, Bulyan 4f + 3)."""
+def serves(grid: dict, defence: str, fraction: float) -> bool:
+    """Whether the defence can run with the attackers of this f/n among the grid's n clients (Krum n >= 2f + 3,
+    Bulyan 4f + 3)."""
     need = grid["defences"][defence].get("min_clients")
-    return need is None or grid["clients"] >= need[0] * f + need[1]
+    return need is None or grid["clients"] >= need[0] * count_from_fraction(grid["clients"], fraction) + need[1]
 
 
 def attack_spec(grid: dict, attack: str) -> dict:
@@ -104,7 +105,7 @@ def grid_cells(grid: dict) -> list[Cell]:
     for defence in grid["defences"]:
         cells.append(Cell(defence, CLEAN, "honest", 0.0))
         for fraction in grid["fractions"]:
-            if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
+            if not serves(grid, defence, fraction):
                 continue
             cells += [Cell(defence, attack, report, fraction)
                       for attack in grid["attacks"] for report in reports_for(grid, defence, attack)]
@@ -296,7 +297,7 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
 
 def _absent_text(grid: dict, defence: str, fraction: float) -> str:
     """What a column shows for a cell the grid does not run, and why."""
-    if not serves(grid, defence, count_from_fraction(grid["clients"], fraction)):
+    if not serves(grid, defence, fraction):
         return "n/a (not served)"
     return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
 
@@ -305,7 +306,7 @@ def _worst_text(results: dict[Cell, CellResult], grid: dict, defence: str, fract
     w = worst_cell(results, defence, fraction)
     if w is not None:
         return f"{_mean_text(w.ba_ad, planned)} {w.cell.attack}/{w.cell.report}"
-    return "n/a" if serves(grid, defence, count_from_fraction(grid["clients"], fraction)) else "n/a (not served)"
+    return "n/a" if serves(grid, defence, fraction) else "n/a (not served)"
 
 
 def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: int) -> list[str]:
