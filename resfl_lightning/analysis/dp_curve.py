@@ -153,7 +153,7 @@ def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: st
             *overrides]
 
 
-def run_values(run_dir: Path) -> dict | None:
+def run_values(run_dir: Path, map50_floor: float | None = None) -> dict | None:
     """A finished run's utility and accounting numbers (None: not finished). The spent epsilon of a run without
     noise (z = 0) is inf (summary.json holds null there)."""
     run = finished_run(run_dir)
@@ -164,7 +164,8 @@ def run_values(run_dir: Path) -> dict | None:
         out["epsilon_spent"] = math.inf
     out["utility"] = run.utility
     out["task"] = run.task
-    out["below_floor"] = below_utility_floor(run.summary, load_statistics().map50_floor)
+    floor = load_statistics().map50_floor if map50_floor is None else map50_floor  # the table's floor
+    out["below_floor"] = below_utility_floor(run.summary, floor)
     return out
 
 
@@ -176,6 +177,11 @@ class RowSummary:
 
     def values(self, key: str) -> list[float]:
         return [r[key] for r in self.runs if r.get(key) is not None]
+
+    def learned(self) -> tuple[int, int]:
+        """(seeds above the table's utility floor, seeds with a utility value)."""
+        judged = [r for r in self.runs if r.get("utility") is not None]
+        return sum(r.get("below_floor") is None for r in judged), len(judged)
 
 
 def summarise(point: CurvePoint, runs: dict[int, dict], confidence: float) -> RowSummary:
@@ -214,17 +220,16 @@ def row_cells(row: RowSummary) -> list[str]:
     spent = row.values("epsilon_spent")
     nsr = row.values("nsr")
     cells = [same_cell(row.values(k), k) for k in ("z", "q", "steps", "C", "delta")]
-    judged = [r for r in row.runs if r.get("utility") is not None]
-    learned = f"{sum(r.get('below_floor') is None for r in judged)}/{len(judged)}" if judged else "—"
-    return [target, str(len(row.runs)), utility_cell(row.utility), learned, *cells,
+    learned, judged = row.learned()
+    return [target, str(len(row.runs)), utility_cell(row.utility), f"{learned}/{judged}" if judged else "—", *cells,
             _fmt(max(spent), "epsilon_spent") if spent else "—",
             _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
 
 
 def learns(row: RowSummary) -> bool | None:
     """Whether every finished seed of the row is above the table's utility floor (None: no finished seed)."""
-    judged = [r for r in row.runs if r.get("utility") is not None]
-    return None if not judged else all(r.get("below_floor") is None for r in judged)
+    learned, judged = row.learned()
+    return None if not judged else learned == judged
 
 
 def learns_from(grid: CurveGrid, rows: list[RowSummary], method: str) -> str:
@@ -343,9 +348,9 @@ def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     failures = train(grid, seeds, dataset, scenario, out, overrides, workers)
-    rows, tasks = [], set()
+    rows, tasks, floor = [], set(), load_statistics().map50_floor
     for p in curve_points(grid):
-        runs = {s: v for s in seeds if (v := run_values(out / p.dir_name(s))) is not None}
+        runs = {s: v for s in seeds if (v := run_values(out / p.dir_name(s), floor)) is not None}
         tasks |= {v["task"] for v in runs.values()}
         rows.append(summarise(p, runs, grid.confidence))
     if len(tasks) > 1:

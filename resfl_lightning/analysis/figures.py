@@ -17,10 +17,15 @@ def series_style(i: int) -> dict:
     return {"color": plt.cm.tab20((2 * i) % 20 + (2 * i // 20) % 2), "marker": MARKERS[i % len(MARKERS)]}
 
 
+def set_title(ax, title: str) -> None:
+    """The figure's title, wrapped to TITLE_WIDTH."""
+    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
+
+
 def save_figure(fig, ax, title: str, path: Path, dpi: int = 130) -> None:
     import matplotlib.pyplot as plt
 
-    ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
+    set_title(ax, title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -372,7 +372,7 @@ def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from resfl_lightning.analysis.figures import TITLE_WIDTH, series_style
+    from resfl_lightning.analysis.figures import series_style, set_title
 
     rule = grid["decision"]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -397,9 +397,7 @@ def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
     ax.axhline(rule["worst_ba_ad"], color="grey", linestyle=":", linewidth=1,
                label=f"decision bound {rule['worst_ba_ad']}")
     if title:
-        import textwrap
-
-        ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=9)
+        set_title(ax, title)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
