@@ -31,14 +31,21 @@ def test_dp_curve_on_adult(tmp_path: Path, adult_dir: Path, monkeypatch, capsys)
     assert main(argv) == 0
     text = (out / "dp-curve.md").read_text()
     assert "- command: `resfl dp-curve --dataset adult" in text and (out / "dp-curve.png").is_file()
-    rows = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| fedavg")}
+    rows = {cells[1]: cells for cells in map(_cells, text.splitlines()) if cells[0].startswith("fedavg")}
     assert set(rows) == {"1", "∞ (clipping only)", "no DP"}
-    finite, clip = rows["1"], rows["∞ (clipping only)"]
+    header = _cells(next(line for line in text.splitlines() if line.startswith("| method |")))
+    finite, clip = (dict(zip(header, rows[key])) for key in ("1", "∞ (clipping only)"))
     summary = json.loads((out / "fedavg_dp-eps1-s0" / "summary.json").read_text())
-    assert finite[4] == f"{summary['dp/noise_multiplier']:.3g}" and float(finite[9]) <= 1.0 + 1e-9  # spent epsilon
-    assert clip[4] == "0" and clip[9] == "∞" and clip[10].rstrip(" |") == "0"
+    assert finite["z"] == f"{summary['dp/noise_multiplier']:.3g}" and float(finite["spent ε"]) <= 1.0 + 1e-9
+    assert clip["z"] == "0" and clip["spent ε"] == "∞" and clip["NSR"] == "0"
+    assert finite["learned"] in {"0/1", "1/1"} and clip["learned"] in {"0/1", "1/1"}
     assert "dp/noise_multiplier" not in json.loads((out / "fedavg_gn-s0" / "summary.json").read_text())
     wall = (out / "fedavg_dp-eps1-s0" / "table_wall_s.json").stat().st_mtime
     capsys.readouterr()
     assert main(argv) == 0  # resumable: every run finished, none is trained again
     assert (out / "fedavg_dp-eps1-s0" / "table_wall_s.json").stat().st_mtime == wall
+
+
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells, by position (the columns are looked up by the header's names)."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else [""]
