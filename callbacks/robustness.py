@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from resfl_lightning.attacks.base import Attack, AttackRun
 from resfl_lightning.attacks.byzantine_round import ByzantineAttackSettings, ByzantineRound, LabelFlippedData
-from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData, parameter_mask
+from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData
 from resfl_lightning.attacks.settings import EodSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import base_data, minority_group
 from resfl_lightning.config import ConfigError
@@ -37,7 +37,7 @@ class ByzantineAttack(Attack):
         return cls(settings, seed=run.seed)
 
     def on_fit_start(self, federation, model, layout) -> None:
-        mask = None if self.settings.include_buffers else parameter_mask(model, layout)
+        mask = None if self.settings.include_buffers else layout.parameter_mask(model)
         self.transform = ByzantineRound(federation.data.num_clients, self.settings, self.seed, mask,
                                         clip_low=model.ufm.clip_low)
         # Replace (not stack) a transform left from an earlier fit of the same Federation.

@@ -82,13 +82,54 @@ class StreamingRule(AggregationRule):
 
 
 class GatherAllRule(AggregationRule):
-    """Sees the round's updates stacked as deltas[N, P] (rows in the order of `reports`, i.e. by client id)."""
+    """Sees the round's updates stacked as deltas[N, P] (rows in the order of `reports`, i.e. by client id).
+
+    A rule that compares whole updates (norms, distances, cosines, clusters) sets `on_parameters`: it is given their
+    trainable-parameter coordinates only, because the float buffers (BatchNorm running statistics) are no gradient,
+    no attack touches them, and they can carry most of an update's norm (99 % on the Adult MLP), which would make
+    every such comparison one of the buffers. The buffers are then averaged with the client weights the rule logs
+    (`weights`, which such a rule must make say what it applied; SPEC §4: buffers share the parameters' weights).
+    Other rules (coordinate-wise median and trimmed mean, a user's own) see every coordinate."""
 
     gathers_all = True
+    on_parameters: ClassVar[bool] = False
+    param_mask: torch.Tensor | None = None  # True on trainable parameters (attach); None: every coordinate alike
+    full_updates: torch.Tensor | None = None  # during aggregate_round: the round's whole updates (for evaluation)
+
+    def attach(self, federation, model, layout) -> None:
+        self.param_mask = layout.parameter_mask(model)
 
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
         """The aggregate update (P values); theta_G <- theta_G + server_lr * aggregate."""
         raise NotImplementedError
+
+    def aggregate_round(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        """The round's aggregate of whole updates (what the orchestrator calls): `aggregate` on every coordinate,
+        or for an `on_parameters` rule on the parameter coordinates, with the buffers averaged by the weights it
+        logged (no buffer change when they are all 0, as when the rule adds nothing)."""
+        mask = self.param_mask
+        if not self.on_parameters or mask is None or bool(mask.all()):
+            return self.aggregate(deltas, reports).to(torch.float64)
+        mask = mask.to(deltas.device)
+        self.full_updates = deltas
+        try:
+            params = self.aggregate(deltas[:, mask], reports).to(torch.float64)
+        finally:
+            self.full_updates = None
+        logged = self.weights(reports)
+        w = torch.tensor([logged[r.client_id] for r in reports], dtype=torch.float64, device=deltas.device)
+        out = torch.zeros(deltas.shape[1], dtype=torch.float64, device=deltas.device)
+        out[mask] = params
+        if float(w.sum()) > 0:
+            out[~mask] = (w[:, None] * deltas[:, ~mask].to(torch.float64)).sum(dim=0) / w.sum()
+        return out
+
+    def parameter_part(self, vector: torch.Tensor, width: int) -> torch.Tensor:
+        """A server-side whole-model vector (root update, global model, a stored aggregate) cut to the `width`
+        coordinates `aggregate` was given: its parameter coordinates inside aggregate_round, itself otherwise."""
+        if vector.numel() == width or self.param_mask is None:
+            return vector
+        return vector[self.param_mask.to(vector.device)]
 
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:
         """Logged per-client weight: the effective weights the last `aggregate` of these clients recorded

@@ -42,6 +42,7 @@ def bulyan_selection(deltas: torch.Tensor, f: int) -> list[int]:
 @dataclass
 class Bulyan(GatherAllRule):
     uses_client_evaluation = False  # the updates only
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     f: int = 1  # Byzantine updates the rule must tolerate
 
     def __post_init__(self) -> None:

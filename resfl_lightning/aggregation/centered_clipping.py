@@ -21,6 +21,7 @@ PREVIOUS_KEY = "centered_clipping/previous_aggregate"
 @dataclass
 class CenteredClipping(GatherAllRule):
     uses_client_evaluation = False  # the updates and the previous aggregate only
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     tau: float | None = None  # clipping radius; null: the round's median distance to v_0
     iterations: int = 1  # L
 
@@ -36,7 +37,8 @@ class CenteredClipping(GatherAllRule):
         self._center = state.extra.get(PREVIOUS_KEY)
 
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
-        center = self._center if self._center is not None else torch.zeros(deltas.shape[1], dtype=torch.float64)
+        center = (self.parameter_part(self._center, deltas.shape[1]) if self._center is not None
+                  else torch.zeros(deltas.shape[1], dtype=torch.float64))
         self._last, _ = centered_clip(deltas, center.to(deltas.device), self.tau, self.iterations)
         return self._last
 

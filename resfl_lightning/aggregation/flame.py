@@ -55,6 +55,7 @@ def flame_noise_scale(epsilon: float, delta: float) -> float:
 @dataclass
 class Flame(GatherAllRule):
     uses_client_evaluation = False  # the updates only
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     cluster_on: str = "models"  # models (W_i = G + d_i, the paper) | updates (d_i)
     epsilon: float | None = None  # noise off when null
     delta: float = 1e-3
@@ -71,6 +72,7 @@ class Flame(GatherAllRule):
         self._weights: dict[int, float] = {}
 
     def attach(self, federation, model, layout) -> None:
+        super().attach(federation, model, layout)
         self.seed = int(federation.settings.seed)
 
     def begin_round(self, state, round_idx: int) -> None:
@@ -86,7 +88,7 @@ class Flame(GatherAllRule):
         if self.cluster_on == "models":
             if self.theta is None:
                 raise RuntimeError("Flame clusters models G + d_i: begin_round must give the global model first")
-            vectors = self.theta.to(x.device, torch.float64)[None, :] + x
+            vectors = self.parameter_part(self.theta, x.shape[1]).to(x.device, torch.float64)[None, :] + x
         else:
             vectors = x
         admitted = flame_admitted(vectors)

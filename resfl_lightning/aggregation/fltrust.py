@@ -33,6 +33,7 @@ def fltrust_aggregate(deltas: torch.Tensor, root_update: torch.Tensor) -> tuple[
 @dataclass
 class FLTrust(GatherAllRule):
     uses_client_evaluation = False  # the updates and the server's own root update
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     root_size: int = 100  # items carved from the attack reserve for the server's root split
 
     def __post_init__(self) -> None:
@@ -42,13 +43,15 @@ class FLTrust(GatherAllRule):
             raise ValueError(f"aggregation.root_size must be >= 1, got {self.root_size}")
 
     def attach(self, federation, model, layout) -> None:
+        super().attach(federation, model, layout)
         self.root = ServerRoot(federation, model, layout, self.root_size)
 
     def begin_round(self, state, round_idx: int) -> None:
         self.root.begin_round(state, round_idx)
 
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
-        out, ts = fltrust_aggregate(deltas, self.root.update().to(deltas.device))
+        root = self.parameter_part(self.root.update(), deltas.shape[1])
+        out, ts = fltrust_aggregate(deltas, root.to(deltas.device))
         total = float(ts.sum())
         if total == 0.0:
             warnings.warn("FLTrust: no update has a positive cosine to the root update; the round adds nothing",

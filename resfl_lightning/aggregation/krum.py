@@ -28,6 +28,7 @@ def krum_scores(deltas: torch.Tensor, f: int) -> torch.Tensor:
 @dataclass
 class Krum(GatherAllRule):
     uses_client_evaluation = False  # the updates only
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     f: int = 1  # Byzantine updates the rule must tolerate
     m: int | None = 1  # updates averaged: 1 = Krum, null = n - f (Multi-Krum)
 

@@ -19,6 +19,7 @@ from resfl_lightning.types import ClientReport
 @dataclass
 class NormBounding(GatherAllRule):
     uses_client_evaluation = False  # the updates only
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     bound: float | None = None  # null: the round's median update norm
 
     def __post_init__(self) -> None:

@@ -82,6 +82,7 @@ def capped_weights(scores: np.ndarray, cap: float) -> np.ndarray:
 
 @dataclass
 class RobustResfl(GatherAllRule):
+    on_parameters = True  # compares whole updates: on their parameters (base.py)
     beta: float = 2.0
     mode: str = "server"  # server | checked
     check_k: float = 3.0
@@ -122,6 +123,7 @@ class RobustResfl(GatherAllRule):
             raise ValueError("aggregation.mode=checked compares reports in bootstrap standard errors: set "
                              "ufm.bootstrap_resamples > 0")
         self.policy = UfmPolicy(u.clip_low, u.clip_high, u.gate, u.gate_mode, u.gate_mad_k, u.insufficient_u)
+        super().attach(federation, model, layout)
         self.root = ServerRoot(federation, model, layout, self.root_size)
 
     def begin_round(self, state, round_idx: int) -> None:
@@ -149,7 +151,8 @@ class RobustResfl(GatherAllRule):
     def aggregate(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
         n = deltas.shape[0]
         x = deltas.to(torch.float64)
-        evals = [self.root.evaluate(d) for d in deltas]
+        # the server evaluates whole models (buffers included); clipping and trust compare parameters
+        evals = [self.root.evaluate(d) for d in (deltas if self.full_updates is None else self.full_updates)]
         server_u = self.policy.server_u([e.ufm_raw for e in evals], [e.utility for e in evals])
         keep = np.ones(n, dtype=bool)
         if self.mode == "server":
@@ -160,7 +163,7 @@ class RobustResfl(GatherAllRule):
                 se = math.sqrt(_sq(e.ufm_se) + _sq(r.ufm_se))
                 keep[i] = r.gated or abs(r.u - su) <= self.check_k * se
         x = self._clipped(x)
-        trust = (trust_scores(x, self.root.update().to(x.device)) if self.trust
+        trust = (trust_scores(x, self.parameter_part(self.root.update(), x.shape[1]).to(x.device)) if self.trust
                  else torch.ones(n, dtype=torch.float64)).cpu().numpy()
         soft = torch.softmax(torch.tensor([-self.beta * v for v in u], dtype=torch.float64), dim=0).numpy()
         scores = soft * trust * keep
@@ -187,7 +190,7 @@ class RobustResfl(GatherAllRule):
         if self.clip == "norm":
             return norm_bound(x)[0]
         if self.clip == "centered":
-            center = (self._center if self._center is not None
+            center = (self.parameter_part(self._center, x.shape[1]) if self._center is not None
                       else torch.zeros(x.shape[1], dtype=torch.float64)).to(x.device, torch.float64)
             _, tau = centered_clip(x, center)  # tau = median distance to the centre
             diff = x - center

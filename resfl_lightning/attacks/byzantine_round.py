@@ -136,10 +136,12 @@ class ByzantineRound(ByzantineUpdate):
                        for i, r in enumerate(reports)]
         if self.settings.kind in OMNISCIENT_KINDS:
             deltas = deltas.clone()
-            sent = self._omniscient(round_idx, deltas[honest], n=len(reports), f=len(rows))
+            # computed on the coordinates it replaces: the buffers it leaves alone would otherwise carry most of the
+            # norms and distances the Gaussian scale and the min-max / min-sum search read
+            seen = deltas[honest] if self.mask is None else deltas[honest][:, self.mask.to(deltas.device)]
+            sent = self._omniscient(round_idx, seen, n=len(reports), f=len(rows))
             for i in rows:
-                deltas[i] = self._send(deltas[i], lambda own, sent=sent: sent if self.mask is None
-                                       else sent[self.mask.to(sent.device)])
+                deltas[i] = self._send(deltas[i], lambda own, sent=sent: sent)
         return reports, deltas
 
     def _omniscient(self, round_idx: int, honest: torch.Tensor, n: int, f: int) -> torch.Tensor:

@@ -21,13 +21,6 @@ _POISON_SEED_STREAM = 0x504F53
 
 
 # --- Byzantine ----------------------------------------------------------------------------------------------------
-def parameter_mask(client: torch.nn.Module, layout: Any) -> torch.Tensor:
-    """Bool mask over the flat update: True on trainable parameters, False on float buffers (BN running stats)."""
-    params = {n for n, _ in client.named_parameters()}
-    return torch.cat([torch.full((int(shape.numel()),), key in params, dtype=torch.bool)
-                      for key, shape in zip(layout.float_keys, layout.shapes)])
-
-
 class ByzantineUpdate:
     """Update transform (client_id, round_idx, delta) -> delta: the round's attackers send -gamma * delta, optionally
     rescaled to an l2 bound; attackers are drawn per round from (seed, round) (byzantine.choose_attackers).

@@ -460,7 +460,7 @@ class Federation:
         for transform in self.round_transforms():
             reports, stacked = transform.round_transform(round_idx, reports, stacked)
         if self.aggregator.gathers_all:
-            return self.aggregator.aggregate(stacked, reports).to(torch.float64), None, reports
+            return self.aggregator.aggregate_round(stacked, reports), None, reports
         weights = self.aggregator.weights(reports)
         total = torch.zeros(stacked.shape[1], dtype=torch.float64, device=stacked.device)
         for r, row in zip(reports, stacked):

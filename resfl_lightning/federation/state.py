@@ -33,6 +33,13 @@ class FlatLayout:
         """(name, numel) per entry: the per-layer slicing of a flat update."""
         return [(k, s.numel()) for k, s in zip(self.float_keys, self.shapes)]
 
+    def parameter_mask(self, module: nn.Module) -> torch.Tensor:
+        """Bool mask over the flat vector: True on trainable parameters, False on float buffers (BatchNorm running
+        statistics: not part of any gradient)."""
+        params = {n for n, _ in module.named_parameters()}
+        return torch.cat([torch.full((int(shape.numel()),), key in params, dtype=torch.bool)
+                          for key, shape in zip(self.float_keys, self.shapes)])
+
     def flatten(self, module: nn.Module) -> torch.Tensor:
         sd = module.state_dict()
         return torch.cat([sd[k].detach().reshape(-1).to(torch.float32) for k in self.float_keys])
