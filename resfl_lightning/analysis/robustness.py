@@ -433,10 +433,12 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
     results = cell_results(values, cells, seed_list)
     total = time.perf_counter() - t0
+    walls = [run_dir / "table_wall_s.json" for run_dir, _ in jobs_list]  # carried by the ledger with each run
+    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
     part = f", subset {subset!r} of the pre-registered grid" if subset else ""
     title = (f"# Byzantine robustness, {dataset}, scenario {scenario}{part}: {len(cells)} cells x {len(seed_list)} "
              f"seeds ({len(jobs_list)} runs; {len(failures)} failed; this invocation took {total:.0f} s with "
-             f"--jobs {jobs})")
+             f"--jobs {jobs}; the runs' own wall times sum to {run_walls:.0f} s)")
     body = markdown(results, grid, title, seed_list)
     (out / "robustness.md").write_text(body)
     caption = (f"{dataset}, {scenario}{f', subset {subset}' if subset else ''}: worst case over attacks and report "
@@ -445,7 +447,7 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     if results_path is not None:
         png = figure(results, grid, results_path.with_suffix(".png"), caption)
         write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
-                      writer="resfl robustness")
+                      runs_wall_s=run_walls, writer="resfl robustness")
     if failures:
         print(f"{len(failures)} runs failed (re-run the same command to retry them):\n" + "\n".join(failures))
     return out

@@ -9,7 +9,8 @@ restored config against what the command composes now exactly as it checks its o
 run, too slow for grids of thousands, so an entry also keeps its overrides and a fingerprint of what composition
 reads (conf/, the tuned-file logic, Hydra's and OmegaConf's versions): with both unchanged the composed config is
 the same and the check is skipped. Each entry records the commit, date and machine at which it was recorded (when the
-run finished, or when a command with the ledger first found it finished); the results header names those commits.
+run finished, or when a command with the ledger first found it finished); the results header names those commits for
+every run of the command the ledger holds, restored or not, since a grid's runs are often made over several sessions.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Ledger:
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
     extra: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # file -> its row keys kept (None: all)
     restored: list[dict] = field(default_factory=list)  # the entries restored by this process (for provenance)
+    synced: dict[str, list[Path]] = field(default_factory=dict)  # experiment -> the run folders of the synced jobs
     _recorded: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries this process recorded
 
     def entries(self, experiment: str) -> dict[str, dict]:
@@ -124,6 +126,7 @@ class Ledger:
         known: dict[str, dict[str, dict]] = {}
         stale = []
         for run_dir, overrides in jobs:
+            self.synced.setdefault(run_dir.parent.name, []).append(run_dir)
             if run_dir.parent.name not in known:  # each experiment's chunks read once, not once per job
                 known[run_dir.parent.name] = self.entries(run_dir.parent.name)
             entries = known[run_dir.parent.name]
@@ -152,14 +155,28 @@ class Ledger:
                       if stale else ""))
 
     def provenance(self) -> str | None:
-        """The results header's line on the restored runs, None when none was restored."""
-        if not self.restored:
+        """The results header's line on where the command's runs were recorded: each synced run whose summary here is
+        the ledger's entry of it (restored from it, or recorded by this or an earlier command); None when none is."""
+        held = []
+        for experiment, run_dirs in self.synced.items():
+            entries = self.entries(experiment)
+            for run_dir in dict.fromkeys(run_dirs):
+                entry, summary = entries.get(run_dir.name), run_dir / "summary.json"
+                if entry and summary.is_file() and entry["files"].get("summary.json") == summary.read_text():
+                    held.append(entry)
+        if not held:
             return None
-        commits = sorted({e["commit"].split(" ")[0][:12] for e in self.restored})
-        dates = sorted(e["date"] for e in self.restored)
-        return (f"- ledger: {len(self.restored)} runs restored from {self.root} (recorded {dates[0][:10]} to "
-                f"{dates[-1][:10]} at commits {', '.join(commits)}: a run is recorded when it finishes, or when a "
-                "command with this ledger first finds it finished)")
+        first: dict[str, str] = {}  # commit -> the date of its first entry, to list the commits in time order
+        counts: dict[str, int] = {}
+        for entry in held:
+            commit = entry["commit"].split(" ")[0][:12]
+            first[commit] = min(first.get(commit, entry["date"]), entry["date"])
+            counts[commit] = counts.get(commit, 0) + 1
+        commits = ", ".join(f"{c} ({counts[c]})" for c in sorted(first, key=first.get))
+        dates = sorted(e["date"] for e in held)
+        return (f"- ledger: {len(held)} of the runs are in {self.root} ({len(self.restored)} restored from it by this "
+                f"command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits}: a run is "
+                "recorded when it finishes, or when a command with this ledger first finds it finished")
 
 
 @dataclass(frozen=True)

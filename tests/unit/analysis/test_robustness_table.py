@@ -250,3 +250,24 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
         (restored / name).write_text(text)
     assert run_values(restored) == run_values(run) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
     assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()
+
+
+def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
+    """A grid restored from the ledger takes seconds to tabulate; the header also gives what its runs cost."""
+    from resfl_lightning.analysis import robustness, run_ledger
+
+    run_ledger.use(None)
+
+    def finish(jobs, workers):
+        for run_dir, _ in jobs:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
+            (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 2.5}))
+        return []
+
+    monkeypatch.setattr(robustness, "run_jobs", finish)
+    results = tmp_path / "docs" / "robustness.md"
+    robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], results, "resfl robustness")
+    runs = len(list((tmp_path / "out").glob("*/table_wall_s.json")))
+    assert runs > 10
+    assert f"the runs' own wall times sum to {2.5 * runs:.0f} s" in results.read_text().split("\n## ")[0]

@@ -48,7 +48,34 @@ def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path, monkeypat
         assert (target / name).read_text() == (made / name).read_text()
     assert not (target / "metrics.jsonl").exists()  # no command asked for it
     assert len(fresh.restored) == 1 and "1 finished runs restored" in lines[0]
-    assert fresh.provenance().startswith("- ledger: 1 runs restored from")
+    assert fresh.provenance().startswith("- ledger: 1 of the runs are in")
+    assert "(1 restored from it by this command)" in fresh.provenance()
+
+
+def test_the_header_names_the_commits_of_runs_recorded_by_earlier_commands_here(tmp_path: Path, monkeypatch):
+    """A grid made over several sessions on one machine restores nothing, yet its runs were made at other commits."""
+    early = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    late = finished(tmp_path / "m1" / "exp" / "fedavg-s4", ["algorithm=fedavg", "seed=4"], 0.85)
+    for run_dir, commit, date in ((early, "a" * 40, "2026-11-26T10:00:00+00:00"),
+                                  (late, "b" * 40, "2026-11-27T10:00:00+00:00")):
+        monkeypatch.setattr("resfl_lightning.analysis.checkout.git_commit", lambda c=commit: c)
+        Ledger(tmp_path / "ledger", stamp=commit[0]).record(run_dir, [f"seed={run_dir.name[-1]}"])
+        for chunk in (tmp_path / "ledger" / "exp").glob("*.jsonl.gz"):  # the date the entry was recorded at
+            rows = [json.loads(line) for line in gzip.open(chunk, "rt")]
+            rows = [{**r, "date": date} if r["run"] == run_dir.name else r for r in rows]
+            with gzip.open(chunk, "wt") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in rows)
+    (late / "summary.json").write_text(json.dumps({"test/accuracy": 0.9}))  # trained again here, not yet recorded
+    ledger = Ledger(tmp_path / "ledger")
+    ledger.sync([(early, OVERRIDES), (late, ["algorithm=fedavg", "seed=4"])], lambda _: None)
+    assert not ledger.restored
+    line = ledger.provenance()
+    assert line.startswith("- ledger: 1 of the runs are in") and "(0 restored from it by this command)" in line
+    assert "recorded 2026-11-26 to 2026-11-26 at commits (runs) aaaaaaaaaaaa (1):" in line
+    (late / "summary.json").write_text(json.dumps({"test/accuracy": 0.85}))  # the ledger's run again
+    line = ledger.provenance()
+    assert "2 of the runs" in line
+    assert "2026-11-26 to 2026-11-27 at commits (runs) aaaaaaaaaaaa (1), bbbbbbbbbbbb (1)" in line
 
 
 def _no_composing(*_):
@@ -166,7 +193,7 @@ def test_a_frontier_continues_on_a_fresh_machine_from_the_ledger(adult_dir: Path
     assert not list(second.glob("*/table_train.log"))
     body = (first / "frontier.md").read_text().split("\n", 1)[1]
     assert (second / "frontier.md").read_text().split("\n", 1)[1] == body
-    assert "- ledger: 3 runs restored from" in (tmp_path / "results" / "frontier.md").read_text()
+    assert "- ledger: 3 of the runs are in" in (tmp_path / "results" / "frontier.md").read_text()
 
 
 def test_a_command_keeps_only_the_rows_it_reads(tmp_path: Path):
