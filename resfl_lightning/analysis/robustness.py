@@ -366,7 +366,8 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
 def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
     """(fig, ax) of worst-case BA AD (over attacks and report modes) against f/n, one line per defence with its
     t-interval; each defence its own colour and marker, the decision rule's defence (in black) and baseline drawn
-    heavier."""
+    heavier. A grid of one f/n (the n4 subset) puts the defences side by side along x instead, since on an f/n
+    axis they would all sit on one point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -375,7 +376,9 @@ def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
     from resfl_lightning.analysis.figures import series_style, set_title
 
     rule = grid["decision"]
+    single = len(grid["fractions"]) == 1
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    drawn: list[str] = []
     for i, d in enumerate(grid["defences"]):
         xs, ys, lo, hi = [], [], [], []
         for f in grid["fractions"]:
@@ -383,16 +386,21 @@ def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
             if w is None:
                 continue
             t = t_test(list(w.ba_ad.values()))
-            xs.append(f)
+            xs.append(len(drawn) if single else f)
             ys.append(t.mean)
             lo.append(t.mean - t.low if t.n >= 2 else 0.0)
             hi.append(t.high - t.mean if t.n >= 2 else 0.0)
         if xs:
+            drawn.append(d)
             key = d in (rule["defence"], rule["baseline"])
             style = series_style(i) | ({"color": "black"} if d == rule["defence"] else {})  # black: in no cycle
             ax.errorbar(xs, ys, yerr=[lo, hi], capsize=3, label=d, linewidth=2.2 if key else 1.0,
                         markersize=6 if key else 4, **style)
-    ax.set_xlabel("attacker fraction f/n")
+    if single:
+        ax.set_xticks(range(len(drawn)), drawn, rotation=30, ha="right", fontsize=8)
+        ax.set_xlabel(f"defence (attacker fraction f/n = {grid['fractions'][0]:g})")
+    else:
+        ax.set_xlabel("attacker fraction f/n")
     ax.set_ylabel("worst-case BA AD (relative utility drop)")
     ax.axhline(rule["worst_ba_ad"], color="grey", linestyle=":", linewidth=1,
                label=f"decision bound {rule['worst_ba_ad']}")

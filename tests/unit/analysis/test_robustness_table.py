@@ -178,6 +178,26 @@ def test_figure_tells_every_defence_of_the_full_grid_apart():
     assert [d for d, (c, _) in styles.items() if c == "#000000"] == [rule["defence"]]
 
 
+def test_a_grid_of_one_fraction_puts_the_defences_side_by_side():
+    """The n4 subset has one f/n: on an f/n axis every defence sat on one point, their intervals on top of each
+    other; each served defence now has its own x position, labelled with its name."""
+    import matplotlib.pyplot as plt
+
+    grid = select(load_grid(), "n4")
+    table = {}
+    for i, d in enumerate(grid["defences"]):
+        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
+        table[(d, "sign_flip", "honest", 0.25)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
+    res = cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
+    fig, ax = figure_axes(res, grid, "t")
+    handles, names = ax.get_legend_handles_labels()
+    xs = [tuple(h.lines[0].get_xdata()) for h, name in zip(handles, names) if name in grid["defences"]]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    plt.close(fig)
+    assert sorted(xs) == [(float(i),) for i in range(len(grid["defences"]))]
+    assert labels == list(grid["defences"]) and "f/n = 0.25" in ax.get_xlabel()
+
+
 def test_markdown_says_why_a_column_has_no_run():
     """A cell the grid never runs is not a missing run: Krum at f = 4 of 10 is not served, FedAvg reads no report (its
     `lie` column is the honest run), an omniscient attack has no `sent` column; n/a is left for runs that did not
