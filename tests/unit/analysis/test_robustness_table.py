@@ -156,6 +156,15 @@ def test_decision_rule_fails_a_liar_gain_and_says_by_how_much():
     assert "FAILED" in text and "| resfl_robust |" in text
 
 
+def _every_defence_attacked(grid: dict, fraction: float) -> dict:
+    """Cell results of one sign-flip cell per defence at `fraction`, each defence hurt a little more than the last."""
+    table = {}
+    for i, d in enumerate(grid["defences"]):
+        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
+        table[(d, "sign_flip", "honest", fraction)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
+    return cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
+
+
 def test_figure_tells_every_defence_of_the_full_grid_apart():
     """13 defences: matplotlib's default cycle repeats its ten colours, so fedavg and flame were drawn alike; every
     line now differs from every other in colour or marker, and the decision defence is the only black one."""
@@ -163,12 +172,7 @@ def test_figure_tells_every_defence_of_the_full_grid_apart():
     from matplotlib.colors import to_hex
 
     grid = select(load_grid(), None)
-    table = {}
-    for i, d in enumerate(grid["defences"]):
-        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
-        table[(d, "sign_flip", "honest", 0.2)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
-    res = cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
-    fig, ax = figure_axes(res, grid, "t")
+    fig, ax = figure_axes(_every_defence_attacked(grid, 0.2), grid, "t")
     handles, labels = ax.get_legend_handles_labels()
     lines = {label: h.lines[0] if hasattr(h, "lines") else h for h, label in zip(handles, labels)}
     styles = {d: (to_hex(lines[d].get_color()), lines[d].get_marker()) for d in grid["defences"]}
@@ -184,12 +188,7 @@ def test_a_grid_of_one_fraction_puts_the_defences_side_by_side():
     import matplotlib.pyplot as plt
 
     grid = select(load_grid(), "n4")
-    table = {}
-    for i, d in enumerate(grid["defences"]):
-        table[(d, CLEAN, "honest", 0.0)] = [0.85, 0.84]
-        table[(d, "sign_flip", "honest", 0.25)] = [0.80 - 0.01 * i, 0.79 - 0.01 * i]
-    res = cell_results(_values(table), [Cell(*k) for k in table], [0, 1])
-    fig, ax = figure_axes(res, grid, "t")
+    fig, ax = figure_axes(_every_defence_attacked(grid, 0.25), grid, "t")
     handles, names = ax.get_legend_handles_labels()
     xs = [tuple(h.lines[0].get_xdata()) for h, name in zip(handles, names) if name in grid["defences"]]
     labels = [t.get_text() for t in ax.get_xticklabels()]
