@@ -8,7 +8,6 @@ OUT/dp-curve.png (utility against epsilon). The accounting numbers are the runs'
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.statistics import load_statistics
@@ -362,8 +362,7 @@ def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int
              f"{n_runs} runs)")
     text = curve_markdown(grid, title, rows, task, failures)
     plot_curve(grid, rows, out / "dp-curve.png", title, task)
-    walls = [out / p.dir_name(s) / "table_wall_s.json" for p in curve_points(grid) for s in seeds]
-    runs_wall = sum(json.loads(w.read_text())["wall_s"] for w in walls if w.is_file())
+    runs_wall = summed_wall(out / p.dir_name(s) for p in curve_points(grid) for s in seeds)
     wall = time.perf_counter() - t0
     path = write_results(out / "dp-curve.md", text, command, wall_s=wall, runs_wall_s=runs_wall,
                          writer="resfl dp-curve")

@@ -26,6 +26,7 @@ from resfl_lightning.analysis.frontier_rule import (
     select_point,
     utility_floor,
 )
+from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import default_out, table_preset
@@ -295,8 +296,7 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
 
 
 def _header_tail(runs: int, total: float, out: Path, runs_dirs: list[Path]) -> str:
-    walls = [rd / "table_wall_s.json" for rd in runs_dirs]
-    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    run_walls = summed_wall(runs_dirs)
     return f"{runs} runs; this invocation took {total:.0f} s; the runs' own wall times sum to {run_walls:.0f} s"
 
 

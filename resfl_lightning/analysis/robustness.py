@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis import run_ledger
 from resfl_lightning.analysis.finished_run import finished_run, finite
+from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.attacks.byzantine import count_from_fraction
@@ -441,8 +442,7 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
     results = cell_results(values, cells, seed_list)
     total = time.perf_counter() - t0
-    walls = [run_dir / "table_wall_s.json" for run_dir, _ in jobs_list]  # carried by the ledger with each run
-    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    run_walls = summed_wall(run_dir for run_dir, _ in jobs_list)  # the timings travel with each run in the ledger
     part = f", subset {subset!r} of the pre-registered grid" if subset else ""
     title = (f"# Byzantine robustness, {dataset}, scenario {scenario}{part}: {len(cells)} cells x {len(seed_list)} "
              f"seeds ({len(jobs_list)} runs; {len(failures)} failed; this invocation took {total:.0f} s with "

@@ -4,6 +4,7 @@ finished (read by the launcher, the scheduler and the stale-run check)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -13,6 +14,12 @@ def recorded_wall(run_dir: Path) -> float | None:
         return float(json.loads((run_dir / "table_wall_s.json").read_text())["wall_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def summed_wall(run_dirs: Iterable[Path]) -> float:
+    """The recorded wall times of the runs that have one, summed (the results headers' "the runs' own wall times")."""
+    timings = (run_dir / "table_wall_s.json" for run_dir in run_dirs)
+    return sum(json.loads(p.read_text())["wall_s"] for p in timings if p.is_file())
 
 
 def finished_wall(run_dir: Path) -> float | None:

@@ -16,7 +16,6 @@ DIR/table.md, DIR/table.csv, DIR/pareto.png (a W&B Table with --wandb, and a res
 from __future__ import annotations
 
 import csv
-import json
 import math
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
+from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import finished_run_mismatch
 from resfl_lightning.analysis.runner import is_finished, run_jobs
 from resfl_lightning.analysis.statistics import (
@@ -453,8 +453,7 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
     records = {m: {s: seed_record(out, m, s, columns, attacks, settings) for s in ss} for m, ss in seed_sets.items()}
     cells = summarise(records, columns, settings)
     total = time.perf_counter() - t0
-    walls = [run_dir_for(out, m, s, a) / "table_wall_s.json" for m, s, a in runs]
-    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    run_walls = summed_wall(run_dir_for(out, m, s, a) for m, s, a in runs)
     more = [m for m in methods if len(seed_sets[m]) > n_seeds]
     seeds_text = f"{n_seeds} seeds" + (f" ({n_primary} seeds for {', '.join(more)})" if more else "")
     header = (f"# {dataset}, scenario {scenario}: {len(methods)} methods x {seeds_text} "

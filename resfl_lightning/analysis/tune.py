@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import composed_settings, flatten, stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import algorithm_presets, default_out, table_preset
@@ -388,8 +389,7 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     planned = {t.method: plan_tuned_file(t, dataset, tuned_root / dataset / f"{t.method}.yaml", command, evidence,
                                          seeds) for t in tunings}
     total = time.perf_counter() - t0
-    walls = [rd / "table_wall_s.json" for rd, _ in jobs_list]
-    run_walls = sum(json.loads(p.read_text())["wall_s"] for p in walls if p.is_file())
+    run_walls = summed_wall(rd for rd, _ in jobs_list)
     budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
     reference_runs = (f", plus {' and '.join(reference_only)}'s preset as the rule's reference" if reference_only
                       else "")
