@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,7 @@ class Ledger:
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
     extra: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # file -> its row keys kept (None: all)
     restored: list[dict] = field(default_factory=list)  # the entries restored by this process (for provenance)
-    synced: dict[str, list[Path]] = field(default_factory=dict)  # experiment -> the run folders of the synced jobs
+    synced: dict[str, set[Path]] = field(default_factory=dict)  # experiment -> the run folders of the synced jobs
     _recorded: dict[str, list[dict]] = field(default_factory=dict)  # experiment -> entries this process recorded
 
     def entries(self, experiment: str) -> dict[str, dict]:
@@ -126,7 +127,7 @@ class Ledger:
         known: dict[str, dict[str, dict]] = {}
         stale = []
         for run_dir, overrides in jobs:
-            self.synced.setdefault(run_dir.parent.name, []).append(run_dir)
+            self.synced.setdefault(run_dir.parent.name, set()).add(run_dir)
             if run_dir.parent.name not in known:  # each experiment's chunks read once, not once per job
                 known[run_dir.parent.name] = self.entries(run_dir.parent.name)
             entries = known[run_dir.parent.name]
@@ -160,20 +161,16 @@ class Ledger:
         held = []
         for experiment, run_dirs in self.synced.items():
             entries = self.entries(experiment)
-            for run_dir in dict.fromkeys(run_dirs):
+            for run_dir in run_dirs:
                 entry, summary = entries.get(run_dir.name), run_dir / "summary.json"
                 if entry and summary.is_file() and entry["files"].get("summary.json") == summary.read_text():
                     held.append(entry)
         if not held:
             return None
-        first: dict[str, str] = {}  # commit -> the date of its first entry, to list the commits in time order
-        counts: dict[str, int] = {}
-        for entry in held:
-            commit = entry["commit"].split(" ")[0][:12]
-            first[commit] = min(first.get(commit, entry["date"]), entry["date"])
-            counts[commit] = counts.get(commit, 0) + 1
-        commits = ", ".join(f"{c} ({counts[c]})" for c in sorted(first, key=first.get))
-        dates = sorted(e["date"] for e in held)
+        held.sort(key=lambda e: e["date"])  # a Counter keeps first-seen order: the commits in time order
+        counts = Counter(e["commit"].split(" ")[0][:12] for e in held)
+        commits = ", ".join(f"{c} ({n})" for c, n in counts.items())
+        dates = [e["date"] for e in held]
         return (f"- ledger: {len(held)} of the runs are in {self.root} ({len(self.restored)} restored from it by this "
                 f"command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits}: a run is "
                 "recorded when it finishes, or when a command with this ledger first finds it finished")
