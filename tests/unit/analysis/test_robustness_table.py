@@ -82,6 +82,16 @@ def test_the_n4_subset_is_the_protocols_four_clients_with_one_attacker():
         select(grid, "tiny")
 
 
+def test_the_detection_subset_is_five_clients_with_one_attacker_and_every_defence_served():
+    # docs/robustness-protocol.md, amendment of 2026-11-28: at n = 10 the benchmark learns nothing; n = 5 keeps f/n = 0.2
+    grid = select(load_grid(), "detection")
+    cells = grid_cells(grid)
+    assert grid["clients"] == 5 and {c.fraction for c in cells if c.attack != CLEAN} == {0.2}
+    assert {c.defence for c in cells} == set(grid["defences"])  # Multi-Krum serves f = 1 among 5 (n >= 2f + 3)
+    assert len(cells) * grid["seeds"] == 205
+    assert "aggregation.f=1" in cell_overrides(grid, Cell("multi_krum", "ipm", "honest", 0.2))
+
+
 def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
     rows = [{"round": 0, "attack/byzantine_weight_share": 0.1}, {"round": 1, "attack/byzantine_weight_share": 0.3},
