@@ -177,17 +177,35 @@ def scheduled(jobs: list[tuple[Path, list[str]]], finished: dict[Path, float] | 
     return sorted(jobs, key=key)
 
 
+class StoppedStarting(RuntimeError):
+    """The command's start deadline passed with runs not started: the runs in flight finished (and, with a ledger,
+    were recorded); the same command continues with the rest. No results file is written from a partial set."""
+
+
+_START_DEADLINE: float | None = None  # time.monotonic() after which no run starts; one per command, like the ledger
+
+
+def stop_starting_after(minutes: float | None) -> None:
+    """Let the command's runs start only within `minutes` from now (None: no limit); set once per command (parse)."""
+    global _START_DEADLINE
+    if minutes is not None and minutes <= 0:
+        raise ValueError(f"--stop-starting-after must be > 0 minutes, got {minutes}")
+    _START_DEADLINE = None if minutes is None else time.monotonic() + 60.0 * minutes
+
+
 def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
              report: Callable[[str], None] = lambda line: print(line, flush=True)) -> list[str]:
     """Train every (run_dir, overrides) not finished yet, `workers` at a time; each free worker takes the first
     waiting job in `scheduled` order as of that moment (so the runs that finished meanwhile inform it). Returns the
-    failures' messages (one failed run never stops the others)."""
+    failures' messages (one failed run never stops the others). Past the start deadline (stop_starting_after) a
+    free worker takes nothing more, and once the runs in flight finished StoppedStarting says how many are left."""
     from resfl_lightning.analysis import run_ledger
 
     failures: list[str] = []
     waiting = list(jobs)
     lock = threading.Lock()
     done = 0
+    deadline = _START_DEADLINE
     if (ledger := run_ledger.active()) is not None:
         ledger.sync(jobs, report)  # runs finished on an earlier machine count as finished here
     finished = _finished_walls(jobs)[0]  # read once, then kept up to date in memory (scheduling, time left)
@@ -195,7 +213,7 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
 
     def take() -> tuple[Path, list[str]] | None:
         with lock:
-            if not waiting:
+            if not waiting or (deadline is not None and time.monotonic() >= deadline):
                 return None
             names = {rd for rd, _ in waiting}
             job = next(j for j in scheduled(jobs, finished) if j[0] in names)
@@ -231,4 +249,9 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         t.start()
     for t in threads:
         t.join()
+    if waiting:
+        raise StoppedStarting(
+            f"stopped starting runs at the --stop-starting-after deadline: {len(waiting)} of {len(jobs)} runs not "
+            f"started ({len(failures)} failed); the same command continues them"
+            + (f" (commit {ledger.root} to continue on another machine)" if ledger is not None else ""))
     return failures

@@ -60,4 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resfl: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"{__name__}.{COMMANDS[name].module}")
-    return int(module.main(rest) or 0)
+    from resfl_lightning.analysis.runner import StoppedStarting  # stdlib only: no torch import for `--help`
+
+    try:
+        return int(module.main(rest) or 0)
+    except StoppedStarting as stop:  # a planned stop, not a failure: what finished is kept for the next call
+        print(stop, file=sys.stderr)
+        return 0

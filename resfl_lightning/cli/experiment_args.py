@@ -24,17 +24,24 @@ def add_run_options(p: argparse.ArgumentParser, out_help: str, results_help: str
     p.add_argument("--ledger", type=Path, default=None,
                    help="carry finished runs between machines: restore the runs this machine lacks from DIR and add "
                         "each run that finishes (analysis/run_ledger.py; commit DIR to continue elsewhere)")
+    p.add_argument("--stop-starting-after", type=float, default=None, metavar="MINUTES",
+                   help="start no run after MINUTES (e.g. before a session or a SLURM allocation ends): the runs in "
+                        "flight finish and are kept, no results file is written, the same command continues")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
 
 
 def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """The parsed options, with the counts checked (exit with the option's name)."""
-    from resfl_lightning.analysis import run_ledger
+    from resfl_lightning.analysis import run_ledger, runner
 
     args = p.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     run_ledger.use(getattr(args, "ledger", None))  # reset on every parse: one command, one ledger
+    try:
+        runner.stop_starting_after(getattr(args, "stop_starting_after", None))  # likewise one deadline a command
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     return args
 
 

@@ -83,7 +83,7 @@ def test_the_n4_subset_is_the_protocols_four_clients_with_one_attacker():
 
 
 def test_the_detection_subset_is_five_clients_with_one_attacker_and_every_defence_served():
-    # docs/robustness-protocol.md, amendment of 2026-11-28: at n = 10 the benchmark learns nothing; n = 5 keeps f/n = 0.2
+    # docs/robustness-protocol.md, amendment of 2026-11-28: at n = 10 the benchmark learns nothing; n = 5: f/n 0.2
     grid = select(load_grid(), "detection")
     cells = grid_cells(grid)
     assert grid["clients"] == 5 and {c.fraction for c in cells if c.attack != CLEAN} == {0.2}

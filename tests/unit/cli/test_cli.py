@@ -126,3 +126,18 @@ def test_experiment_commands_share_their_run_options(command):
                                                                                        ["a.b=1"])
     with pytest.raises(SystemExit, match="--jobs must be >= 1"):
         parse_args(["--jobs", "0"])
+
+
+def test_a_planned_stop_at_the_start_deadline_exits_0_with_its_message(monkeypatch, capsys):
+    from resfl_lightning import cli
+    from resfl_lightning.analysis import robustness, runner
+
+    def stopped(*args, **kwargs):
+        raise runner.StoppedStarting("stopped starting runs at the --stop-starting-after deadline: 3 of 5 runs")
+
+    monkeypatch.setattr(robustness, "make_robustness_table", stopped)
+    assert cli.main(["robustness", "--dataset", "adult", "--stop-starting-after", "30"]) == 0
+    assert "3 of 5 runs" in capsys.readouterr().err
+    runner.stop_starting_after(None)
+    with pytest.raises(SystemExit, match="must be > 0"):
+        cli.main(["robustness", "--dataset", "adult", "--stop-starting-after", "0"])
