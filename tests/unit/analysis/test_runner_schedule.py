@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from resfl_lightning.analysis import runner
 
 
@@ -143,35 +145,31 @@ def test_the_timing_record_is_written_whole(tmp_path: Path, monkeypatch):
 
 def test_past_the_start_deadline_no_run_starts_and_the_ones_in_flight_finish(tmp_path: Path, monkeypatch):
     started: list[str] = []
+    pause = [1.0]  # the first two runs outlast the deadline; the two workers take them well before it
 
     def fake_run_one(overrides, rd):
         if runner.is_finished(rd):  # as run_one: a finished run only reports
-            return 0.3
+            return 0.0
         started.append(rd.name)
-        time.sleep(0.3)  # runs past the deadline below
-        finish(rd, 0.3)
-        return 0.3
+        time.sleep(pause[0])
+        finish(rd, pause[0])
+        return pause[0]
 
     monkeypatch.setattr(runner, "run_one", fake_run_one)
-    runner.stop_starting_after(0.1 / 60)  # 0.1 s from now
-    try:
-        names = [f"a-s{i}" for i in range(5)]
-        lines: list[str] = []
-        try:
-            runner.run_jobs([(tmp_path / n, []) for n in names], 2, lines.append)
-            raise AssertionError("no StoppedStarting")
-        except runner.StoppedStarting as stop:
-            assert "3 of 5 runs not started" in str(stop)
-    finally:
-        runner.stop_starting_after(None)
+    monkeypatch.setattr(runner, "_START_DEADLINE", None)  # restored after the test whatever happens
+    runner.stop_starting_after(0.5 / 60)  # 0.5 s from now
+    names = [f"a-s{i}" for i in range(5)]
+    lines: list[str] = []
+    with pytest.raises(runner.StoppedStarting, match="3 of 5 runs not started"):
+        runner.run_jobs([(tmp_path / n, []) for n in names], 2, lines.append)
     assert sorted(started) == ["a-s0", "a-s1"] and len(lines) == 2  # both in flight at the deadline finished
     assert all(runner.is_finished(tmp_path / n) for n in started)
+    runner.stop_starting_after(None)
+    pause[0] = 0.0
     assert runner.run_jobs([(tmp_path / n, []) for n in names], 2, lines.append) == []  # no deadline: the rest run
     assert sorted(started) == sorted(names)
 
 
 def test_a_start_deadline_must_be_positive():
-    import pytest
-
     with pytest.raises(ValueError, match="stop-starting-after"):
         runner.stop_starting_after(0)

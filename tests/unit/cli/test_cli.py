@@ -136,8 +136,8 @@ def test_a_planned_stop_at_the_start_deadline_exits_0_with_its_message(monkeypat
         raise runner.StoppedStarting("stopped starting runs at the --stop-starting-after deadline: 3 of 5 runs")
 
     monkeypatch.setattr(robustness, "make_robustness_table", stopped)
+    monkeypatch.setattr(runner, "_START_DEADLINE", None)  # the deadline parse sets is undone after the test
     assert cli.main(["robustness", "--dataset", "adult", "--stop-starting-after", "30"]) == 0
     assert "3 of 5 runs" in capsys.readouterr().err
-    runner.stop_starting_after(None)
     with pytest.raises(SystemExit, match="must be > 0"):
         cli.main(["robustness", "--dataset", "adult", "--stop-starting-after", "0"])
