@@ -3,6 +3,8 @@
 fractions x seeds on one dataset and scenario, each attacked run paired with its defence's clean run. Resumable (a
 finished run is skipped); a failed run does not stop the others. Writes DIR/robustness.md and DIR/robustness.png;
 with --results PATH also PATH (and the figure beside it) under a header giving the command, commit and wall time.
+With --check-clients it runs instead the check behind the subset's number of clients (its client_check:
+analysis/client_check.py) and exits 1 if conf/table/robustness.yaml disagrees with the check's outcome.
 
   resfl robustness --dataset adult --subset core --results docs/results/robustness_adult_iid.md \\
       dataset.root=/path/to/adult"""
@@ -21,6 +23,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = experiment_parser("resfl robustness", __doc__, dataset="adult")
     p.add_argument("--subset", default=None, help="a named subset of the grid (conf/table/robustness.yaml: subsets)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the grid's, 5)")
+    p.add_argument("--check-clients", action="store_true",
+                   help="run the subset's client_check (FedAvg clean at each n on a tuning seed) instead of the grid")
     add_run_options(p, "default runs/robustness-<dataset>-<scenario>[-<subset>]",
                     "also write the table here with its provenance")
     return parse(p, argv)
@@ -32,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from resfl_lightning.analysis.robustness import RobustnessError, make_robustness_table
 
     tags = ["robustness", args.dataset, args.scenario, *([args.subset] if args.subset else [])]
+    if args.check_clients:
+        return _check_clients(args, argv, tags)
     out = args.out or Path("runs") / "-".join(tags)
     try:
         out = make_robustness_table(args.dataset, args.scenario, args.subset, args.seeds, args.jobs, out,
@@ -41,3 +47,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(err)) from None
     print((out / "robustness.md").read_text())
     return 0
+
+
+def _check_clients(args: argparse.Namespace, argv: list[str], tags: list[str]) -> int:
+    from resfl_lightning.analysis.client_check import make_client_check
+    from resfl_lightning.analysis.robustness import RobustnessError
+
+    if args.subset is None:
+        raise SystemExit("--check-clients needs --subset (the subset whose client_check to run)")
+    out = args.out or Path("runs") / "-".join([*tags, "client-check"])
+    try:
+        out, outcome, configured = make_client_check(args.dataset, args.scenario, args.subset, args.jobs, out,
+                                                     list(args.overrides), args.results,
+                                                     command=shlex.join(["resfl", "robustness", *argv]))
+    except RobustnessError as err:
+        raise SystemExit(str(err)) from None
+    print((out / "client_check.md").read_text())
+    return 0 if outcome.clients == configured else 1
