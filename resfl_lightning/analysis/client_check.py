@@ -62,7 +62,8 @@ def markdown(title: str, rule: dict, rows: dict[int, dict[str, float | None]], o
     ref = rows.get(rule["reference"], {}).get(rule["metric"])
     lines = [title, "",
              f"FedAvg's clean run of the grid at each number of clients n, seed {rule['seed']} (a tuning seed outside "
-             f"the grid's). Rule (conf/table/robustness.yaml, fixed before the check first ran): n = {rule['candidate']} if its {rule['metric']} >= "
+             f"the grid's). Rule (conf/table/robustness.yaml, fixed before the check first ran): "
+             f"n = {rule['candidate']} if its {rule['metric']} >= "
              f"{rule['min_ratio']} x the n = {rule['reference']} run's, else n = {rule['fallback']}.", "",
              f"| n | {rule['metric']} | test/map (mAP@50-95) | ratio to n = {rule['reference']} |",
              "| ---: | ---: | ---: | ---: |"]
