@@ -110,6 +110,33 @@ def test_the_fingerprint_follows_the_conf_files(tmp_path: Path, monkeypatch):
         run_ledger.composition_fingerprint.cache_clear()
 
 
+def test_the_fingerprint_skips_only_folders_no_run_composes(tmp_path: Path, monkeypatch):
+    import shutil
+
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.resources import conf_dir
+
+    overrides = ["dataset=adult", "algorithm=resfl_robust", "experiment=table_synthetic", "logger=none"]
+    reference = composed_settings(overrides)
+    copy = tmp_path / "conf"
+    shutil.copytree(conf_dir(), copy)
+    monkeypatch.setattr("resfl_lightning.resources.conf_dir", lambda: copy)
+    monkeypatch.setattr("resfl_lightning.analysis.run_settings.conf_dir", lambda: copy)
+    run_ledger.composition_fingerprint.cache_clear()
+    try:
+        before = run_ledger.composition_fingerprint()
+        for folder in run_ledger.NOT_COMPOSED:
+            shutil.rmtree(copy / folder)
+        assert composed_settings(overrides) == reference  # a run composes without them
+        run_ledger.composition_fingerprint.cache_clear()
+        assert run_ledger.composition_fingerprint() == before
+        (copy / "algorithm" / "fedavg.yaml").write_text((copy / "algorithm" / "fedavg.yaml").read_text() + "\n#\n")
+        run_ledger.composition_fingerprint.cache_clear()
+        assert run_ledger.composition_fingerprint() != before
+    finally:
+        run_ledger.composition_fingerprint.cache_clear()
+
+
 def test_a_run_made_with_other_settings_is_not_restored(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger")
     made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
