@@ -1,15 +1,17 @@
-"""Finished runs carried from one machine to the next (`--ledger DIR` of the experiment commands). An experiment of
-thousands of runs outlives one machine: the runs' folders stay behind, and the next machine would train them again.
-The ledger keeps the small files the commands read from a finished run (FILES: never checkpoints) in gzipped JSON-
-lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to be committed. On
-the next machine the same command restores each run it lacks from the ledger, then checks the restored config against
-what the command composes now exactly as it checks its own finished runs (analysis/run_settings.py): a run whose
-settings changed is trained again, never reused. Composing takes ~0.3 s a run, too slow for grids of thousands, so an
-entry also keeps its overrides and a fingerprint of what composition reads (conf/ less NOT_COMPOSED, the tuned-file
-logic, Hydra's and OmegaConf's versions): with both unchanged the composed config is the same and the check is
-skipped. Each entry records the commit, date and machine at which it was recorded (when the run finished, or when a
-command with the ledger first found it finished); the results header names those commits for every run of the command
-the ledger holds, restored or not, since a grid's runs are often made over several sessions.
+"""Finished runs carried from one machine to the next (`--ledger DIR` of the experiment commands).
+
+An experiment of thousands of runs outlives one machine: the runs' folders stay behind, and the next machine would
+train them again. The ledger keeps the small files the commands read from a finished run (FILES: never checkpoints)
+in gzipped JSON- lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
+be committed. On the next machine the same command restores each run it lacks from the ledger, then checks the
+restored config against what the command composes now exactly as it checks its own finished runs
+(analysis/run_settings.py): a run whose settings changed is trained again, never reused. Composing takes ~0.3 s a
+run, too slow for grids of thousands, so an entry also keeps its overrides and a fingerprint of what composition
+reads (conf/ less NOT_COMPOSED, the tuned-file logic, Hydra's and OmegaConf's versions): with both unchanged the
+composed config is the same and the check is skipped. Each entry records the commit, date and machine at which it was
+recorded (when the run finished, or when a command with the ledger first found it finished); the results header names
+those commits for every run of the command the ledger holds, restored or not, since a grid's runs are often made over
+several sessions.
 """
 
 from __future__ import annotations
