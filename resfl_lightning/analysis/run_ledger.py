@@ -2,7 +2,7 @@
 
 An experiment of thousands of runs outlives one machine: the runs' folders stay behind, and the next machine would
 train them again. The ledger keeps the small files the commands read from a finished run (FILES: never checkpoints)
-in gzipped JSON- lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
+in gzipped JSON-lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
 be committed. On the next machine the same command restores each run it lacks from the ledger, then checks the
 restored config against what the command composes now exactly as it checks its own finished runs
 (analysis/run_settings.py): a run whose settings changed is trained again, never reused. Composing takes ~0.3 s a
