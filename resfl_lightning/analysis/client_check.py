@@ -93,10 +93,9 @@ def make_client_check(dataset: str, scenario: str, subset: str, jobs: int, out: 
     out.mkdir(parents=True, exist_ok=True)
     jobs_list = []
     for n in rule["clients"]:
-        at_n = {**grid, "clients": int(n)}
         run_dir = out / f"{CHECKED.name}-n{n}-s{seed}"
-        ov = train_overrides(dataset, scenario, at_n, CHECKED, seed, out, overrides)
-        jobs_list.append((run_dir, [o for o in ov if not o.startswith("run_dir=")] + [f"run_dir={run_dir}"]))
+        jobs_list.append((run_dir, train_overrides(dataset, scenario, {**grid, "clients": int(n)}, CHECKED, seed,
+                                                   out, overrides, run_dir=run_dir)))
     t0 = time.perf_counter()
     run_jobs(jobs_list, jobs)
     rows = {}
