@@ -89,21 +89,28 @@ def rules(n: int, numel: int) -> dict[str, Callable[[], AggregationRule]]:
             "centered_clipping": CenteredClipping, "fltrust": fltrust, "flame": flame, "resfl_robust": robust}
 
 
+def _one_round(rule: AggregationRule, deltas: torch.Tensor, reports: list[ClientReport]) -> None:
+    if isinstance(rule, GatherAllRule):
+        rule.aggregate(deltas, reports)
+    else:
+        acc = StreamingWeightedSum(deltas.shape[1], device=deltas.device)
+        for r, d in zip(reports, deltas):
+            acc.add(rule.score(r), d)
+    if deltas.is_cuda:
+        torch.cuda.synchronize()
+
+
 def time_rule(make: Callable[[], AggregationRule], deltas: torch.Tensor, repeats: int = 1) -> float:
-    """Median wall-clock seconds of one round's aggregation (streaming: the per-client folds)."""
+    """Median wall-clock seconds of one round's aggregation (streaming: the per-client folds), after one untimed
+    round: on CUDA a rule's first call loads its kernels and grows the allocator, which on an H200 made 10 clients
+    look slower than 100 (docs/performance.md, "GPU readiness")."""
     reports = _reports(deltas.shape[0])
+    _one_round(make(), deltas, reports)
     times = []
     for _ in range(repeats):
         rule = make()
         t0 = time.perf_counter()
-        if isinstance(rule, GatherAllRule):
-            rule.aggregate(deltas, reports)
-        else:
-            acc = StreamingWeightedSum(deltas.shape[1], device=deltas.device)
-            for r, d in zip(reports, deltas):
-                acc.add(rule.score(r), d)
-        if deltas.is_cuda:
-            torch.cuda.synchronize()
+        _one_round(rule, deltas, reports)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 

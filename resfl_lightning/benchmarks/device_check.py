@@ -5,7 +5,7 @@ A CPU grid cannot show a defence that breaks on CUDA (a tensor left on the CPU, 
 fault isolation would drop the clients or skip the round and the run would still finish. So a run passes only when
 it exits 0, completes every round, drops no client, skips no round and reports a finite test mAP@50.
 
-    python -m resfl_lightning.benchmarks.device_check --out DIR [--rounds 2] [--jobs 6]
+    python -m resfl_lightning.benchmarks.device_check --out DIR [--rounds 2] [--jobs 6] [--defences multi_krum ...]
 
 writes DIR/device_check.md (header: command, commit, device, wall time; one row per run) and exits 1 when a run
 fails. Not a measurement of robustness: two rounds learn nothing worth comparing."""
@@ -111,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=6)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     parser.add_argument("--fabric", default="gpu", help="conf/fabric/ preset (cpu: a smoke test of this script)")
+    parser.add_argument("--defences", nargs="+", default=None, help="only these defences of the subset")
     parser.add_argument("--limit", type=int, default=None, help="only the first N runs")
     parser.add_argument("--commit", default=None, help="the commit to name in the header (default: git's HEAD)")
     args = parser.parse_args(argv)
     grid = select(load_grid(), "detection")
-    cells = planned_cells(grid)[:args.limit]
+    cells = [c for c in planned_cells(grid) if args.defences is None or c.defence in args.defences][:args.limit]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(lambda c: run_one(grid, c, args.out / "runs", args.rounds, args.timeout, args.fabric),
