@@ -7,13 +7,14 @@ it exits 0, completes every round, drops no client, skips no round and reports a
 
     python -m resfl_lightning.benchmarks.device_check --out DIR [--rounds 2] [--jobs 6] [--defences multi_krum ...]
 
-writes DIR/device_check.md (header: command, commit, device, wall time; one row per run) and exits 1 when a run
+writes DIR/device_check.md (the results header of analysis/provenance.py; one row per run) and exits 1 when a run
 fails. Not a measurement of robustness: two rounds learn nothing worth comparing."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from resfl_lightning.analysis.robustness import CLEAN, Cell, grid_cells, load_grid, select, train_overrides
+from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.provenance import write_results
+from resfl_lightning.analysis.robustness import CLEAN, Cell, grid_cells, load_grid, run_dir_for, select, train_overrides
+
+SEED = 0
 
 
 def planned_cells(grid: dict) -> list[Cell]:
@@ -36,7 +41,7 @@ def planned_cells(grid: dict) -> list[Cell]:
 
 def run_overrides(grid: dict, cell: Cell, out: Path, rounds: int, fabric: str = "gpu") -> list[str]:
     extra = [f"fabric={fabric}", "fabric.threads_per_process=2", f"federation.rounds={rounds}"]
-    return train_overrides("synthetic", "group_skew", grid, cell, seed=0, out=out, overrides=extra)
+    return train_overrides("synthetic", "group_skew", grid, cell, seed=SEED, out=out, overrides=extra)
 
 
 @dataclass(frozen=True)
@@ -51,28 +56,27 @@ class Outcome:
 
     def passed(self, rounds: int) -> bool:
         return (self.rc == 0 and self.rounds_completed == rounds and self.dropped == 0 and self.skipped == 0
-                and self.map_50 is not None and self.map_50 == self.map_50)
+                and self.map_50 is not None)
 
 
 def read_outcome(cell: Cell, run_dir: Path, rc: int, wall_s: float, log: str) -> Outcome:
-    """What a finished (or failed) run left: summary.json, the per-round `round/dropped` of metrics.jsonl and the
-    orchestrator's 'skipped, theta_G unchanged' warnings in its log."""
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    """What a finished (or failed) run left: summary.json (a non-finite mAP@50 reads as None), the per-round
+    `round/dropped` of metrics.jsonl and the orchestrator's 'skipped, theta_G unchanged' warnings in its log."""
+    run = finished_run(run_dir)
     dropped = 0.0
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
             if line.strip():
                 dropped += float(json.loads(line).get("round/dropped", 0.0))
-    completed = summary.get("rounds_completed")
+    completed = None if run is None else run.value("rounds_completed")
     return Outcome(cell, rc, wall_s, None if completed is None else int(completed), dropped,
-                   log.count("skipped, theta_G unchanged"), summary.get("test/map_50"))
+                   log.count("skipped, theta_G unchanged"), None if run is None else run.value("test/map_50"))
 
 
 def run_one(grid: dict, cell: Cell, out: Path, rounds: int, timeout_s: int, fabric: str) -> Outcome:
     overrides = run_overrides(grid, cell, out, rounds, fabric)
-    run_dir = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")))
+    run_dir = run_dir_for(out, cell, SEED)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-m", "resfl_lightning", "train", *overrides], capture_output=True,
@@ -91,8 +95,8 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
 
 
-def report(outcomes: list[Outcome], rounds: int, header: list[str]) -> str:
-    lines = [*header, "",
+def report(outcomes: list[Outcome], rounds: int, title: str) -> str:
+    lines = [title, "",
              "| defence | attack | report | rc | rounds | dropped | skipped | test mAP@50 | wall s | passed |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for o in outcomes:
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fabric", default="gpu", help="conf/fabric/ preset (cpu: a smoke test of this script)")
     parser.add_argument("--defences", nargs="+", default=None, help="only these defences of the subset")
     parser.add_argument("--limit", type=int, default=None, help="only the first N runs")
-    parser.add_argument("--commit", default=None, help="the commit to name in the header (default: git's HEAD)")
+    parser.add_argument("--commit", default=None, help="the commit the tree was copied from, where it has no .git")
     args = parser.parse_args(argv)
     grid = select(load_grid(), "detection")
     cells = [c for c in planned_cells(grid) if args.defences is None or c.defence in args.defences][:args.limit]
@@ -121,15 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(lambda c: run_one(grid, c, args.out / "runs", args.rounds, args.timeout, args.fabric),
                                  cells))
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True).stdout.strip()
-    header = [f"# Detection robustness subset on a device ({len(cells)} runs of {args.rounds} rounds)", "",
-              f"command: `python -m resfl_lightning.benchmarks.device_check {' '.join(argv or sys.argv[1:])}`  ",
-              f"commit: {commit or 'unknown'}; device: {device_name()}; wall time: {time.perf_counter() - t0:.0f} s"]
-    text = report(outcomes, args.rounds, header)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "device_check.md").write_text(text)
-    print(text)
+    title = f"# Detection robustness subset on {device_name()}: {len(cells)} runs of {args.rounds} rounds"
+    if args.commit:
+        title += f" (tree copied from commit {args.commit})"
+    writer = "python -m resfl_lightning.benchmarks.device_check"
+    path = write_results(args.out / "device_check.md", report(outcomes, args.rounds, title),
+                         f"{writer} {shlex.join(sys.argv[1:] if argv is None else argv)}", time.perf_counter() - t0,
+                         writer=writer)
+    print(path.read_text())
     return 0 if all(o.passed(args.rounds) for o in outcomes) else 1
 
 
