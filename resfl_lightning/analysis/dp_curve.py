@@ -28,7 +28,8 @@ from resfl_lightning.resources import conf_dir
 
 # summary.json key -> the column it feeds (per run); the utility is accuracy, or mAP@50 for detection
 DP_KEYS = {"z": "dp/noise_multiplier", "q": "dp/sample_rate", "steps": "dp/steps", "C": "dp/max_grad_norm",
-           "delta": "dp/delta", "epsilon_spent": "dp/epsilon_max", "nsr": "dp/nsr"}
+           "delta": "dp/delta", "epsilon_spent": "dp/epsilon_max", "nsr": "dp/nsr",
+           "epsilon_target": "dp/target_epsilon"}
 
 
 class CurveError(RuntimeError):
@@ -175,9 +176,6 @@ class RowSummary:
     runs: list[dict]  # one per finished seed
     utility: TTest
 
-    def values(self, key: str) -> list[float]:
-        return [r[key] for r in self.runs if r.get(key) is not None]
-
     def learned(self) -> tuple[int, int]:
         """(seeds above the table's utility floor, seeds with a utility value)."""
         judged = [r for r in self.runs if r.get("utility") is not None]
@@ -193,7 +191,7 @@ def _fmt(v: float, kind: str) -> str:
     if math.isinf(v):
         return "∞"
     return {"z": f"{v:.3g}", "q": f"{v:.4g}", "steps": f"{v:.0f}", "C": f"{v:g}", "delta": f"{v:g}",
-            "epsilon_spent": f"{v:.3f}", "nsr": f"{v:.3g}"}[kind]
+            "epsilon_spent": f"{v:.3f}", "nsr": f"{v:.3g}", "epsilon_target": f"{v:g}"}[kind]
 
 
 def same_cell(values: list[float], kind: str) -> str:
@@ -217,13 +215,20 @@ def row_cells(row: RowSummary) -> list[str]:
     over seeds)."""
     p = row.point
     target = "no DP" if p.epsilon is None else ("∞ (clipping only)" if math.isinf(p.epsilon) else f"{p.epsilon:g}")
-    spent = row.values("epsilon_spent")
-    nsr = row.values("nsr")
-    cells = [same_cell(row.values(k), k) for k in ("z", "q", "steps", "C", "delta")]
     learned, judged = row.learned()
-    return [target, str(len(row.runs)), utility_cell(row.utility), f"{learned}/{judged}" if judged else "—", *cells,
-            _fmt(max(spent), "epsilon_spent") if spent else "—",
-            _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
+    return [target, str(len(row.runs)), utility_cell(row.utility), f"{learned}/{judged}" if judged else "—",
+            *accounting_cells(row.runs)]
+
+
+def accounting_cells(runs: list[dict]) -> list[str]:
+    """z, q, S_k, C, δ (the value the runs share, else their range), spent ε (the largest over the runs), NSR (the
+    mean over the runs) of run_values() dicts; — where no run has the value."""
+    def values(key: str) -> list[float]:
+        return [r[key] for r in runs if r.get(key) is not None]
+
+    spent, nsr = values("epsilon_spent"), values("nsr")
+    return [*(same_cell(values(k), k) for k in ("z", "q", "steps", "C", "delta")),
+            _fmt(max(spent), "epsilon_spent") if spent else "—", _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
 
 
 def learns(row: RowSummary) -> bool | None:

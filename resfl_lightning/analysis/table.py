@@ -356,6 +356,14 @@ def mechanism_lines(out: Path, seed_sets: dict[str, list[int]],
     return lines
 
 
+def dp_section(out: Path, seed_sets: dict[str, list[int]], records: dict[str, dict[int, SeedRecord]]) -> list[str]:
+    """The DP-SGD accounting of the methods that ran it (analysis/dp_rows.py), over each method's unfailed seeds."""
+    from resfl_lightning.analysis.dp_rows import dp_accounting_lines  # dp_curve, which it reads, imports this module
+
+    return dp_accounting_lines({m: [run_dir_for(out, m, s) for s in seeds if records[m][s].failed is None]
+                                for m, seeds in seed_sets.items()})
+
+
 def log_wandb_table(out: Path, project: str) -> None:
     import wandb
 
@@ -462,6 +470,7 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
     write_outputs(out, cells, records, header, columns, settings, claims)
     with (out / "table.md").open("a") as fh:
         fh.write("\n".join(mechanism_lines(out, seed_sets, records)) + "\n")
+        fh.write("".join(f"{line}\n" for line in dp_section(out, seed_sets, records)))
     if wandb:
         log_wandb_table(out, project="resfl-lightning")
     if results is not None:
