@@ -4,7 +4,7 @@ analysis/runner.py (resumable: a finished run is reused once its saved config is
 composes to now), then OUT/dp-curve.md (provenance header, the grid, one row per method and epsilon: utility mean with
 its Student-t interval over the seeds beside the runs' z, q, S_k, C, delta, spent epsilon and NSR) and
 OUT/dp-curve.png (utility against epsilon). The accounting numbers are the runs' summary.json `dp/` keys
-(callbacks/reports.py)."""
+(analysis/dp_accounting.py, callbacks/reports.py)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.dp_accounting import accounting_cells, run_values
 from resfl_lightning.analysis.figures import save_figure, series_style
-from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import default_out, table_preset
-from resfl_lightning.metrics.statistics import TTest, below_utility_floor, t_test
+from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
-
-# summary.json key -> the column it feeds (per run); the utility is accuracy, or mAP@50 for detection
-DP_KEYS = {"z": "dp/noise_multiplier", "q": "dp/sample_rate", "steps": "dp/steps", "C": "dp/max_grad_norm",
-           "delta": "dp/delta", "epsilon_spent": "dp/epsilon_max", "nsr": "dp/nsr",
-           "epsilon_target": "dp/target_epsilon"}
 
 
 class CurveError(RuntimeError):
@@ -154,22 +149,6 @@ def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: st
             *overrides]
 
 
-def run_values(run_dir: Path, map50_floor: float | None = None) -> dict | None:
-    """A finished run's utility and accounting numbers (None: not finished). The spent epsilon of a run without
-    noise (z = 0) is inf (summary.json holds null there)."""
-    run = finished_run(run_dir)
-    if run is None:
-        return None
-    out = {name: run.value(key) for name, key in DP_KEYS.items()}
-    if out["z"] == 0.0:
-        out["epsilon_spent"] = math.inf
-    out["utility"] = run.utility
-    out["task"] = run.task
-    floor = load_statistics().map50_floor if map50_floor is None else map50_floor  # the table's floor
-    out["below_floor"] = below_utility_floor(run.summary, floor)
-    return out
-
-
 @dataclass(frozen=True)
 class RowSummary:
     point: CurvePoint
@@ -187,23 +166,6 @@ def summarise(point: CurvePoint, runs: dict[int, dict], confidence: float) -> Ro
     return RowSummary(point, rows, t_test([r["utility"] for r in rows if r["utility"] is not None], confidence))
 
 
-def _fmt(v: float, kind: str) -> str:
-    if math.isinf(v):
-        return "∞"
-    return {"z": f"{v:.3g}", "q": f"{v:.4g}", "steps": f"{v:.0f}", "C": f"{v:g}", "delta": f"{v:g}",
-            "epsilon_spent": f"{v:.3f}", "nsr": f"{v:.3g}", "epsilon_target": f"{v:g}"}[kind]
-
-
-def same_cell(values: list[float], kind: str) -> str:
-    """The value all seeds share, else their range; — when no run has it."""
-    if not values:
-        return "—"
-    lo, hi = min(values), max(values)
-    if lo == hi or (math.isfinite(hi) and hi - lo <= 1e-9 * max(1.0, abs(hi))):
-        return _fmt(hi, kind)
-    return f"{_fmt(lo, kind)}–{_fmt(hi, kind)}"
-
-
 def utility_cell(t: TTest) -> str:
     if t.n == 0:
         return "n/a"
@@ -218,17 +180,6 @@ def row_cells(row: RowSummary) -> list[str]:
     learned, judged = row.learned()
     return [target, str(len(row.runs)), utility_cell(row.utility), f"{learned}/{judged}" if judged else "—",
             *accounting_cells(row.runs)]
-
-
-def accounting_cells(runs: list[dict]) -> list[str]:
-    """z, q, S_k, C, δ (the value the runs share, else their range), spent ε (the largest over the runs), NSR (the
-    mean over the runs) of run_values() dicts; — where no run has the value."""
-    def values(key: str) -> list[float]:
-        return [r[key] for r in runs if r.get(key) is not None]
-
-    spent, nsr = values("epsilon_spent"), values("nsr")
-    return [*(same_cell(values(k), k) for k in ("z", "q", "steps", "C", "delta")),
-            _fmt(max(spent), "epsilon_spent") if spent else "—", _fmt(sum(nsr) / len(nsr), "nsr") if nsr else "—"]
 
 
 def learns(row: RowSummary) -> bool | None:

@@ -25,6 +25,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
+from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import finished_run_mismatch
 from resfl_lightning.analysis.runner import is_finished, run_jobs
@@ -357,9 +358,7 @@ def mechanism_lines(out: Path, seed_sets: dict[str, list[int]],
 
 
 def dp_section(out: Path, seed_sets: dict[str, list[int]], records: dict[str, dict[int, SeedRecord]]) -> list[str]:
-    """The DP-SGD accounting of the methods that ran it (analysis/dp_rows.py), over each method's unfailed seeds."""
-    from resfl_lightning.analysis.dp_rows import dp_accounting_lines  # dp_curve, which it reads, imports this module
-
+    """The DP-SGD accounting of the methods that ran it (analysis/dp_accounting.py), over their unfailed seeds."""
     return dp_accounting_lines({m: [run_dir_for(out, m, s) for s in seeds if records[m][s].failed is None]
                                 for m, seeds in seed_sets.items()})
 

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from resfl_lightning.analysis import dp_curve
+from resfl_lightning.analysis.dp_accounting import DP_KEYS, run_values
 from resfl_lightning.analysis.dp_curve import (
     CurveError,
     CurvePoint,
@@ -21,7 +22,6 @@ from resfl_lightning.analysis.dp_curve import (
     plot_curve,
     row_cells,
     run_dp_curve,
-    run_values,
     summarise,
 )
 from tests.helpers import compose_config
@@ -95,7 +95,7 @@ def test_row_cells_from_fabricated_runs():
     assert row_cells(differing)[6] == "240–250"
     clip = summarise(CurvePoint("pfu_fl", math.inf), {0: dp_run(0.84, z=0.0, nsr=0.0, spent=math.inf)}, 0.95)
     assert row_cells(clip)[:3] == ["∞ (clipping only)", "1", "0.8400"] and row_cells(clip)[-2:] == ["∞", "0"]
-    none = {"utility": 0.85, "task": "classification", **{k: None for k in dp_curve.DP_KEYS}}
+    none = {"utility": 0.85, "task": "classification", **{k: None for k in DP_KEYS}}
     ablation = summarise(CurvePoint("fedavg"), {0: none, 1: dict(none, utility=0.86)}, 0.95)
     assert row_cells(ablation)[0] == "no DP" and row_cells(ablation)[4:] == ["—"] * 7
 

@@ -88,7 +88,7 @@ def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_p
     assert (out / "pareto.png").stat().st_size > 10_000 and "| resfl |" in (out / "table.md").read_text()
     mechanism = (out / "table.md").read_text().split("What UFM weighting had to act on")[1]
     assert mechanism.count("| resfl |") == 1 and mechanism.count("| fedavg |") == 1  # one mechanism row a method
-    assert "DP-SGD accounting" not in mechanism  # neither method runs DP-SGD (the section: test_dp_rows.py)
+    assert "DP-SGD accounting" not in mechanism  # neither method runs DP-SGD (the section: test_dp_accounting.py)
     before = (out / "resfl-s1" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: finished runs are not trained again (their saved configs match)
     assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before

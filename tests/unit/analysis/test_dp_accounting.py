@@ -1,11 +1,11 @@
-"""The DP-SGD accounting below a comparison table (analysis/dp_rows.py, table.dp_section), from fabricated runs."""
+"""The DP-SGD accounting below a comparison table (analysis/dp_accounting.py, table.dp_section), fabricated runs."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from resfl_lightning.analysis.dp_rows import dp_accounting_lines
+from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
 from resfl_lightning.analysis.statistics import SeedRecord, failed_record
 from resfl_lightning.analysis.table import dp_section, run_dir_for
 
