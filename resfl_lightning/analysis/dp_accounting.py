@@ -71,9 +71,9 @@ INTRO = ("DP-SGD accounting of the methods trained with it (summary.json `dp/`, 
 
 def dp_accounting_lines(runs: dict[str, list[Path]]) -> list[str]:
     """The section's markdown lines for {method: its finished runs' folders}; [] when no method ran DP-SGD."""
-    rows = []
+    rows, floor = [], load_statistics().map50_floor  # read once, not once a run (run_values' default)
     for method, run_dirs in runs.items():
-        values = [v for v in map(run_values, run_dirs) if v is not None and v["z"] is not None]
+        values = [v for v in (run_values(d, floor) for d in run_dirs) if v is not None and v["z"] is not None]
         if values:
             target = same_cell([v["epsilon_target"] for v in values if v["epsilon_target"] is not None],
                                "epsilon_target")
