@@ -42,11 +42,19 @@ def test_the_users_own_overrides_win_key_by_key():
     assert both["tuned_file"] is None and _phi(both) == (0.1, 1, 0.001)  # nothing left to apply
 
 
-@pytest.mark.parametrize("overrides", [["dataset=adult", "use_tuned=false"], ["dataset=synthetic"], ["dataset=csv"]])
+@pytest.mark.parametrize("overrides", [["dataset=adult", "use_tuned=false"], ["dataset=synthetic", "use_tuned=false"],
+                                       ["dataset=synthetic", "algorithm=curvfed"], ["dataset=csv"]])
 def test_no_tuned_file_applies(overrides):
     cfg = composed_settings(overrides)
     assert cfg["tuned_file"] is None
     assert cfg["algorithm"]["adversary_steps"] == 1  # the paper-minimal phi
+
+
+def test_the_default_run_gets_the_synthetic_tune():
+    """`make train` (synthetic, resfl): the synthetic tune's selection (docs/results/tune-synthetic-group_skew.md)."""
+    cfg = composed_settings(["dataset=synthetic"])
+    assert cfg["tuned_file"] == "conf/tuned/synthetic/resfl.yaml"
+    assert cfg["optim"]["lr"] == 0.03 and composed_settings(["dataset=synthetic", "use_tuned=false"])["optim"]["lr"] == 0.01
 
 
 def test_an_adult_scenario_selecting_the_dataset_gets_the_adult_file():
