@@ -54,7 +54,8 @@ def test_the_default_run_gets_the_synthetic_tune():
     """`make train` (synthetic, resfl): the synthetic tune's selection (docs/results/tune-synthetic-group_skew.md)."""
     cfg = composed_settings(["dataset=synthetic"])
     assert cfg["tuned_file"] == "conf/tuned/synthetic/resfl.yaml"
-    assert cfg["optim"]["lr"] == 0.03 and composed_settings(["dataset=synthetic", "use_tuned=false"])["optim"]["lr"] == 0.01
+    assert cfg["optim"]["lr"] == 0.03
+    assert composed_settings(["dataset=synthetic", "use_tuned=false"])["optim"]["lr"] == 0.01
 
 
 def test_an_adult_scenario_selecting_the_dataset_gets_the_adult_file():
