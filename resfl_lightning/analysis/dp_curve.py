@@ -44,6 +44,7 @@ class CurveGrid:
     attack: str
     confidence: float
     text: str  # the file as written (quoted in dp-curve.md)
+    source: str = "conf/table/dp_curve.yaml"  # where it was read (named in dp-curve.md)
 
 
 def _epsilon(value, where: str) -> float:
@@ -95,7 +96,15 @@ def load_grid(path: Path | None = None) -> CurveGrid:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise CurveError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
     return CurveGrid(list(methods), eps, {str(k): list(v) for k, v in ablations.items()}, list(seeds), attack,
-                     float(confidence), path.read_text())
+                     float(confidence), path.read_text(), _shown_path(path))
+
+
+def _shown_path(path: Path) -> str:
+    """The grid's path relative to the repository when it lies inside it (results name the file a reader can open)."""
+    try:
+        return str(path.resolve().relative_to(conf_dir().parent.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def epsilon_text(eps: float) -> str:
@@ -209,7 +218,7 @@ def learns_from(grid: CurveGrid, rows: list[RowSummary], method: str) -> str:
 def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: str, failures: list[str]) -> str:
     pct = round(100 * grid.confidence)
     metric = "mAP@50" if task == "detection" else "accuracy"
-    lines = [f"# {title}", "", "The grid, as pre-registered (conf/table/dp_curve.yaml):", "", "```yaml",
+    lines = [f"# {title}", "", f"The grid, as pre-registered ({grid.source}):", "", "```yaml",
              grid.text.rstrip(), "```", "",
              f"Utility: test {metric}, mean [{pct} % Student-t interval] over the seeds (n = finished seeds). Per run "
              "(summary.json `dp/`): z the noise multiplier, q = B/n_k the Poisson sampling rate, S_k the DP-SGD steps "
@@ -217,8 +226,8 @@ def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: st
              "over clients; this cell: over seeds), NSR = zC/(B‖ḡ_c‖) with ḡ_c the noise-free mean of the clipped "
              "per-sample gradients (per client the median over its steps, then the median over clients; this cell: "
              "the mean over seeds). z, q, S_k are the median client's; a range means the seeds differ. ε = ∞: "
-             "clipping without noise. Ablations (no DP-SGD): fedavg is the BatchNorm model, fedavg_gn the DP models' "
-             "GroupNorm layout.", "",
+             "clipping without noise." + (f" Ablations (no DP-SGD; overrides and comments in the grid above): "
+                                         f"{', '.join(grid.ablations)}." if grid.ablations else ""), "",
              "| method | ε target | n | utility | learned | z | q | S_k | C | δ | spent ε | NSR |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r.point.name} | " + " | ".join(row_cells(r)) + " |" for r in rows]

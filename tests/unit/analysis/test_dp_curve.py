@@ -41,6 +41,7 @@ def test_the_registered_grid():
     assert grid.epsilons == [0.5, 1.0, 2.0, 8.0, math.inf]
     assert set(grid.ablations) == {"fedavg", "fedavg_gn"} and grid.seeds == [0, 1, 2] and grid.attack == "none"
     assert len(curve_points(grid)) == 3 * 5 + 2
+    assert grid.source == "conf/table/dp_curve.yaml"
 
 
 @pytest.mark.parametrize(("change", "key"), [
@@ -147,10 +148,22 @@ def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
     assert "- command: `resfl dp-curve --dataset adult dataset.root=/data/adult`" in text and "- commit: " in text
     assert "| fedavg_dp | 1 | 3 | 0.8100 [" in text and "| pfu_fl | ∞ (clipping only) | 3 |" in text
     assert "| fedavg | no DP | 3 | 0.8300 [" in text
+    # the grid passed with --grid is the one named (it said conf/table/dp_curve.yaml whatever was read)
+    assert f"The grid, as pre-registered ({grid_path}):" in text
+    assert "Ablations (no DP-SGD; overrides and comments in the grid above): fedavg." in text
     assert (out / "dp-curve.png").stat().st_size > 10_000
     assert (results / "out.png").is_file() and "](out.png)" in (results / "out.md").read_text()
     run_dp_curve("adult", "iid", [], 1, out, None, grid_path)  # resumable: nothing left to train
     assert calls == [15, 15] and len(list(out.glob("*-s*"))) == 15  # (the real run_jobs skips finished runs)
+
+
+def test_a_grid_without_ablations_describes_none(tmp_path: Path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(GOOD.replace("{fedavg: [algorithm=fedavg]}", "{}"))
+    grid = load_grid(path)
+    rows = [summarise(p, {0: dp_run(0.3)}, 0.95) for p in curve_points(grid)]
+    text = curve_markdown(grid, "t", rows, "classification", [])
+    assert len(rows) == 4 and "Ablations" not in text and "fedavg_gn" not in text
 
 
 def test_plot_with_a_single_seed_and_detection(tmp_path: Path):
