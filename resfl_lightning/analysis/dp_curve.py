@@ -23,6 +23,7 @@ from resfl_lightning.analysis.run_settings import stale_runs
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import default_out, table_preset
+from resfl_lightning.config.tuned import recorded_path
 from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
 
@@ -44,7 +45,7 @@ class CurveGrid:
     attack: str
     confidence: float
     text: str  # the file as written (quoted in dp-curve.md)
-    source: str = "conf/table/dp_curve.yaml"  # where it was read (named in dp-curve.md)
+    source: str  # where it was read, repository-relative where it can be (named in dp-curve.md)
 
 
 def _epsilon(value, where: str) -> float:
@@ -96,15 +97,7 @@ def load_grid(path: Path | None = None) -> CurveGrid:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise CurveError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
     return CurveGrid(list(methods), eps, {str(k): list(v) for k, v in ablations.items()}, list(seeds), attack,
-                     float(confidence), path.read_text(), _shown_path(path))
-
-
-def _shown_path(path: Path) -> str:
-    """The grid's path relative to the repository when it lies inside it (results name the file a reader can open)."""
-    try:
-        return str(path.resolve().relative_to(conf_dir().parent.resolve()))
-    except ValueError:
-        return str(path)
+                     float(confidence), path.read_text(), recorded_path(path))
 
 
 def epsilon_text(eps: float) -> str:

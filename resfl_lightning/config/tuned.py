@@ -89,8 +89,8 @@ def with_tuned(user: Sequence[str], choices: Mapping[str, str | None], root: Pat
 
 
 def recorded_path(path: Path, root: Path | None = None) -> str:
-    """A tuned file as runs and `resfl tune` record it: conf/tuned/<dataset>/<algorithm>.yaml, the same from a
-    checkout and from an installed wheel (whose conf/ lies inside the package)."""
+    """A file as runs and results record it, relative to the repository (e.g. conf/tuned/<dataset>/<algorithm>.yaml),
+    the same from a checkout and from an installed wheel (whose conf/ lies inside the package)."""
     try:
         return str(Path(path).resolve().relative_to((root or conf_dir()).resolve().parent))
     except ValueError:  # a file outside the configuration directory: its own path
