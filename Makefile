@@ -12,16 +12,27 @@ SCENARIO ?= iid
 JOBS ?=
 METHODS ?=
 SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
+LOCK := requirements.lock
+LOCK_VENV ?= .cache/lock-venv
 
-.PHONY: install train test test-slow test-all lint bench sweep sweep-local privacy report table clean
+.PHONY: install lock train test test-slow test-all lint bench sweep sweep-local privacy report table clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Exactly the committed lock (every package, transitive included), then the project itself without resolving again
+$(VENV)/.installed: $(LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
+
+# Re-resolves pyproject.toml's ranges (torch and .[dev] included) into the lock; pins that still fit are kept, so
+# `rm requirements.lock && make lock` takes the newest releases
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) && \
+	  $(LOCK_VENV)/bin/pip install --quiet "pip-tools==7.6.2"; }
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile --quiet --extra dev --strip-extras \
+	  --allow-unsafe --no-emit-index-url --no-emit-find-links --output-file $(LOCK) pyproject.toml
 
 train: install
 	$(RESFL) train dataset=$(DATASET) algorithm=$(ALGO) fabric.devices=$(DEVICES) $(ARGS)
