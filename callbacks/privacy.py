@@ -22,10 +22,7 @@ from resfl_lightning.attacks.privacy import PrivacyPlan, plan_privacy_attacks, p
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.evaluation.weather import ExtraMetrics
 from resfl_lightning.metrics.fairness import fairness_score, privacy_score
-
-
-def _finite(v) -> bool:
-    return v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+from resfl_lightning.values import finite
 
 
 def write_attack_file(federation, name: str, payload: dict) -> Path:
@@ -148,8 +145,10 @@ class AttackScores:
         # Written (NaN when undefined) whenever their inputs were computed this round, so the run's summary never
         # keeps the score of an earlier round for a final model whose score is undefined (callbacks/run_files.py).
         if mia is not None or aia is not None:
-            metrics["score/privacy"] = privacy_score(mia, aia) if _finite(mia) and _finite(aia) else math.nan
+            usable = finite(mia) is not None and finite(aia) is not None
+            metrics["score/privacy"] = privacy_score(mia, aia) if usable else math.nan
         di, eop = metrics.get("test/abs_one_minus_di"), metrics.get("test/delta_eop")
         if di is not None or eop is not None:
-            metrics["score/fairness"] = (fairness_score(1.0 - float(di), float(eop)) if _finite(di) and _finite(eop)
+            usable = finite(di) is not None and finite(eop) is not None
+            metrics["score/fairness"] = (fairness_score(1.0 - float(di), float(eop)) if usable
                                          else math.nan)

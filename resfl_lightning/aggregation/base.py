@@ -88,7 +88,8 @@ class GatherAllRule(AggregationRule):
     trainable-parameter coordinates only, because the float buffers (BatchNorm running statistics) are no gradient,
     no attack touches them, and they can carry most of an update's norm (99 % on the Adult MLP), which would make
     every such comparison one of the buffers. The buffers are then averaged with the client weights the rule logs
-    (`weights`: such a rule must log the weights it applied; SPEC §4: buffers share the parameters' weights).
+    (`weights`: such a rule must log the weights it applied; docs/method.md §4: float buffers are aggregated with the
+    parameters' weights).
     Other rules (coordinate-wise median and trimmed mean, a user's own) see every coordinate."""
 
     gathers_all = True

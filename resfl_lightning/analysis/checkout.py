@@ -1,12 +1,15 @@
-"""Where the code runs: the checkout's git commit and the machine (for results headers and run ledger entries)."""
+"""Where the code runs: the checkout's git commit, its package lock and the machine (for results headers and run
+ledger entries)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
 from pathlib import Path
 
+from resfl_lightning.env_lock import LOCK
 from resfl_lightning.resources import PACKAGE_DIR
 
 OUTPUTS = "docs/results"  # what the experiment commands write: a changed file there is an output, not the code
@@ -25,6 +28,15 @@ def git_commit(repo: Path = PACKAGE_DIR.parent) -> str:
 
         return f"unknown (resfl-lightning {__version__}, not run from a git checkout)"
     return f"{head} (with uncommitted changes)" if dirty else head
+
+
+def lock_hash(lock: Path = LOCK) -> str:
+    """First 12 hex digits of the sha256 of the checkout's requirements.lock (the package versions `make install`
+    installs; `python -m resfl_lightning.env_lock` checks the environment has them); 'unknown' outside a checkout."""
+    try:
+        return hashlib.sha256(lock.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return f"unknown (no {lock.name} beside the package)"
 
 
 def machine() -> str:

@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resfl_lightning.analysis.experiment import ExperimentError, raise_failures, refuse_stale
 from resfl_lightning.analysis.finished_run import finished_run
-from resfl_lightning.analysis.robustness import CLEAN, Cell, RobustnessError, load_grid, select, train_overrides
+from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, select, train_overrides
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.runner import run_jobs
 
@@ -28,14 +29,14 @@ def check_rule(grid: dict, subset: str) -> dict:
     """The subset's client_check, with its keys checked (the message names the missing one)."""
     rule = grid.get("subsets", {}).get(subset, {}).get("client_check")
     if rule is None:
-        raise RobustnessError(f"--check-clients: subset {subset!r} has no client_check in conf/table/robustness.yaml")
+        raise ExperimentError(f"--check-clients: subset {subset!r} has no client_check in conf/table/robustness.yaml")
     missing = [k for k in ("seed", "clients", "metric", "reference", "candidate", "fallback", "min_ratio")
                if k not in rule]
     if missing:
-        raise RobustnessError(f"subset {subset!r}: client_check lacks {missing} (conf/table/robustness.yaml)")
+        raise ExperimentError(f"subset {subset!r}: client_check lacks {missing} (conf/table/robustness.yaml)")
     for key in ("reference", "candidate", "fallback"):
         if rule[key] not in rule["clients"]:
-            raise RobustnessError(f"subset {subset!r}: client_check {key} {rule[key]} is not among clients "
+            raise ExperimentError(f"subset {subset!r}: client_check {key} {rule[key]} is not among clients "
                                   f"{rule['clients']}")
     return rule
 
@@ -97,7 +98,8 @@ def make_client_check(dataset: str, scenario: str, subset: str, jobs: int, out: 
         jobs_list.append((run_dir, train_overrides(dataset, scenario, {**grid, "clients": int(n)}, CHECKED, seed,
                                                    out, overrides, run_dir=run_dir)))
     t0 = time.perf_counter()
-    run_jobs(jobs_list, jobs)
+    refuse_stale(jobs_list, out)
+    failures = run_jobs(jobs_list, jobs)
     rows = {}
     for n, (run_dir, _) in zip(rule["clients"], jobs_list):
         run = finished_run(run_dir)
@@ -112,4 +114,5 @@ def make_client_check(dataset: str, scenario: str, subset: str, jobs: int, out: 
     (out / "client_check.md").write_text(body)
     if results_path is not None:
         write_results(results_path, body, command, wall_s=total, runs_wall_s=walls, writer="resfl robustness")
+    raise_failures(failures, len(jobs_list), out)
     return out, outcome, configured

@@ -8,15 +8,14 @@ or one class here (or in any importable module) plus its entry.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.compare import compare_runs, load_run, run_privacy_score
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.values import finite
 
 
 @dataclass
@@ -38,10 +37,6 @@ class SeedRuns:
     @property
     def run(self) -> dict:
         return self.load(self.run_dir)
-
-
-def finite(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
 
 
 def missing_reason(summary: dict, key: str) -> str:

@@ -1,6 +1,6 @@
 """The DP-SGD accounting of finished runs: their summary.json `dp/` numbers (callbacks/reports.py) as `resfl
-dp-curve` shows them beside each point of its curve and `resfl table` below its table (issue 24: a DP method's row
-shows its noise and noise-to-signal beside its utility)."""
+dp-curve` shows them beside each point of its curve and `resfl table` below its table: a DP method's utility is read
+with its noise and noise-to-signal ratio beside it."""
 
 from __future__ import annotations
 

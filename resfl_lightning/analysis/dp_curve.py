@@ -1,10 +1,10 @@
-"""`resfl dp-curve`: the DP privacy-utility curve (issue 24 item 1) of the pre-registered grid
-conf/table/dp_curve.yaml: every DP method x target epsilon x seed and the non-DP ablations, trained by
-analysis/runner.py (resumable: a finished run is reused once its saved config is checked to be what its command
-composes to now), then OUT/dp-curve.md (provenance header, the grid, one row per method and epsilon: utility mean with
-its Student-t interval over the seeds beside the runs' z, q, S_k, C, delta, spent epsilon and NSR) and
-OUT/dp-curve.png (utility against epsilon). The accounting numbers are the runs' summary.json `dp/` keys
-(analysis/dp_accounting.py, callbacks/reports.py)."""
+"""`resfl dp-curve`: the DP privacy-utility curve (utility against epsilon, and the epsilon at which each DP method
+starts to learn: docs/method.md §5a "DP baselines") of the pre-registered grid conf/table/dp_curve.yaml: every DP method
+x target epsilon x seed and the non-DP ablations, trained by analysis/runner.py (resumable: a finished run is reused
+once its saved config is checked to be what its command composes to now), then OUT/dp-curve.md (provenance header, the
+grid, one row per method and epsilon: utility mean with its Student-t interval over the seeds beside the runs' z, q,
+S_k, C, delta, spent epsilon and NSR) and OUT/dp-curve.png (utility against epsilon). The accounting numbers are the
+runs' summary.json `dp/` keys (analysis/dp_accounting.py, callbacks/reports.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.dp_accounting import accounting_cells, run_values
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import stale_runs
@@ -26,10 +27,6 @@ from resfl_lightning.analysis.table import default_out, table_preset
 from resfl_lightning.config.tuned import recorded_path
 from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
-
-
-class CurveError(RuntimeError):
-    """The curve cannot be made as asked; the message says why."""
 
 
 def grid_file() -> Path:
@@ -52,7 +49,7 @@ def _epsilon(value, where: str) -> float:
     eps = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else \
         float("inf") if value in ("inf", ".inf") else None
     if eps is None or not eps > 0:
-        raise CurveError(f"{where}: expected a positive number or inf, got {value!r}")
+        raise ExperimentError(f"{where}: expected a positive number or inf, got {value!r}")
     return eps
 
 
@@ -61,41 +58,42 @@ def load_grid(path: Path | None = None) -> CurveGrid:
     path = Path(path or grid_file())
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(raw, dict):
-        raise CurveError(f"{path}: expected a mapping of keys")
+        raise ExperimentError(f"{path}: expected a mapping of keys")
     for key in ("methods", "epsilon", "ablations", "seeds", "attack", "confidence"):
         if key not in raw:
-            raise CurveError(f"{path}: {key}: missing")
+            raise ExperimentError(f"{path}: {key}: missing")
     methods, epsilons, seeds = raw["methods"], raw["epsilon"], raw["seeds"]
     if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
-        raise CurveError(f"{path}: methods: expected a non-empty list of conf/algorithm/ presets, got {methods!r}")
+        raise ExperimentError(f"{path}: methods: expected a non-empty list of conf/algorithm/ presets, got {methods!r}")
     for i, m in enumerate(methods):
         preset = conf_dir() / "algorithm" / f"{m}.yaml"
         if not preset.is_file():
-            raise CurveError(f"{path}: methods[{i}]: no preset {preset}")
+            raise ExperimentError(f"{path}: methods[{i}]: no preset {preset}")
         if "dp" not in OmegaConf.load(preset):
-            raise CurveError(f"{path}: methods[{i}]: {m} is no DP-SGD preset (no `dp:` node in {preset})")
+            raise ExperimentError(f"{path}: methods[{i}]: {m} is no DP-SGD preset (no `dp:` node in {preset})")
     if not isinstance(epsilons, list) or not epsilons:
-        raise CurveError(f"{path}: epsilon: expected a non-empty list, got {epsilons!r}")
+        raise ExperimentError(f"{path}: epsilon: expected a non-empty list, got {epsilons!r}")
     eps = [_epsilon(e, f"{path}: epsilon[{i}]") for i, e in enumerate(epsilons)]
     if len(set(eps)) != len(eps):
-        raise CurveError(f"{path}: epsilon: values repeat: {epsilons}")
+        raise ExperimentError(f"{path}: epsilon: values repeat: {epsilons}")
     ablations = raw["ablations"] or {}
     if not isinstance(ablations, dict):
-        raise CurveError(f"{path}: ablations: expected a mapping label -> list of overrides, got {ablations!r}")
+        raise ExperimentError(f"{path}: ablations: expected a mapping label -> list of overrides, got {ablations!r}")
     for label, ov in ablations.items():
         if not re.fullmatch(r"[A-Za-z0-9_]+", str(label)) or str(label) in methods:
-            raise CurveError(f"{path}: ablations.{label}: a label is letters, digits and _, and no method's name")
+            raise ExperimentError(f"{path}: ablations.{label}: a label is letters, digits and _, and no method's name")
         if not isinstance(ov, list) or not ov or not all(isinstance(o, str) and "=" in o for o in ov):
-            raise CurveError(f"{path}: ablations.{label}: expected a non-empty list of key=value overrides, got {ov!r}")
+            raise ExperimentError(f"{path}: ablations.{label}: expected a non-empty list of key=value overrides, got "
+                                  f"{ov!r}")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
                                                            for s in seeds) or len(set(seeds)) != len(seeds):
-        raise CurveError(f"{path}: seeds: expected a non-empty list of distinct integers, got {seeds!r}")
+        raise ExperimentError(f"{path}: seeds: expected a non-empty list of distinct integers, got {seeds!r}")
     attack = raw["attack"]
     if not isinstance(attack, str) or not (conf_dir() / "attack" / f"{attack}.yaml").is_file():
-        raise CurveError(f"{path}: attack: expected a conf/attack/ preset, got {attack!r}")
+        raise ExperimentError(f"{path}: attack: expected a conf/attack/ preset, got {attack!r}")
     confidence = raw["confidence"]
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise CurveError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
+        raise ExperimentError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
     return CurveGrid(list(methods), eps, {str(k): list(v) for k, v in ablations.items()}, list(seeds), attack,
                      float(confidence), path.read_text(), recorded_path(path))
 
@@ -286,7 +284,7 @@ def train(grid: CurveGrid, seeds: list[int], dataset: str, scenario: str, out: P
             for p in curve_points(grid) for s in seeds}
     stale = stale_runs(list(jobs.items()))
     if stale:
-        raise CurveError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                          "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
     return run_jobs(list(jobs.items()), workers)
 
@@ -295,7 +293,7 @@ def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int
                  results: Path | None = None, grid_path: Path | None = None, seeds: list[int] | None = None,
                  command: str = "resfl dp-curve") -> Path:
     """Train the grid, then write OUT/dp-curve.md (with its provenance) and OUT/dp-curve.png; with `results`, also
-    RESULTS/<out name>.md and .png. Returns the markdown's path; raises CurveError after writing if runs failed."""
+    RESULTS/<out name>.md and .png. Returns the markdown's path; raises ExperimentError after writing if runs failed."""
     import shutil
 
     from resfl_lightning.analysis.provenance import write_results
@@ -312,7 +310,7 @@ def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int
         tasks |= {v["task"] for v in runs.values()}
         rows.append(summarise(p, runs, grid.confidence))
     if len(tasks) > 1:
-        raise CurveError(f"the runs in {out} hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
+        raise ExperimentError(f"the runs in {out} hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
     task = tasks.pop() if tasks else "classification"
     n_runs = len(curve_points(grid)) * len(seeds)
     title = (f"DP privacy-utility curve: {dataset}, scenario {scenario} ({_count(grid.methods, 'method')} x "
@@ -330,7 +328,8 @@ def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int
         write_results(results / f"{out.name}.md", text.replace("](dp-curve.png)", f"]({out.name}.png)"), command,
                       wall_s=wall, runs_wall_s=runs_wall, writer="resfl dp-curve")
     if failures:
-        raise CurveError(f"{len(failures)} runs failed (dp-curve.md in {out} lists them; re-run the same command to "
+        raise ExperimentError(f"{len(failures)} runs failed (dp-curve.md in {out} lists them; re-run the same "
+                              "command to "
                          "retry them):\n" + "\n".join(failures))
     return path
 

@@ -4,23 +4,16 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.values import finite
+
 # The task's utility in the experiment commands' rules: detection mAP@50, classification accuracy.
 UTILITY_KEYS = {"detection": "test/map_50", "classification": "test/accuracy"}
-
-
-def finite(value: Any) -> float | None:
-    """A summary value as a float, or None when it is absent, null, non-finite or not a number (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(float(value)) else None
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""`resfl frontier`: the privacy-utility frontier of RESFL's adversary phi (issue 28) and the pre-registered choice
-of its strength (conf/table/adversary_frontier.yaml; the rule: analysis/frontier_rule.py).
+"""`resfl frontier`: the privacy-utility frontier of RESFL's adversary phi (docs/method.md §2, "phi's strength") and
+the pre-registered choice of its strength (conf/table/adversary_frontier.yaml; the rule: analysis/frontier_rule.py).
 
 Tuning: every grid point (phi strength x lambda_priv) and baseline on the tuning seeds, attack=privacy, trained by
 analysis/runner.py (resumable: a finished run is reused once its saved config is checked to be what its command
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure
 from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.frontier_rule import (
@@ -38,10 +39,6 @@ METRICS = ((UTILITY, "utility"), ("attack/aia_balanced_accuracy", "AIA bal. acc.
            ("attack/update_aia_balanced_accuracy", "update-AIA bal. acc."),
            ("attack/mia_success_rate", "MIA bal. acc."), ("test/delta_eop", "ΔEOP"),
            ("score/fairness", "Fairness Score"))
-
-
-class FrontierError(RuntimeError):
-    """The frontier cannot be made as asked; the message says why."""
 
 
 def grid_file() -> Path:
@@ -83,18 +80,19 @@ def load_grid(path: Path | None = None) -> Grid:
         if missing:
             raise KeyError(f"rule.{missing[0]}")
     except (KeyError, TypeError, AttributeError) as err:
-        raise FrontierError(f"{path}: missing or malformed key {err}") from None
+        raise ExperimentError(f"{path}: missing or malformed key {err}") from None
     missing = [p for p in grid.strengths.values() if not (conf_dir() / "adversary" / f"{p}.yaml").is_file()]
     if missing:
-        raise FrontierError(f"{path}: strengths: no conf/adversary/ preset {missing}")
+        raise ExperimentError(f"{path}: strengths: no conf/adversary/ preset {missing}")
     if grid.default[0] not in grid.strengths or grid.default[1] not in grid.lambdas:
-        raise FrontierError(f"{path}: default {grid.default} is not a grid point")
+        raise ExperimentError(f"{path}: default {grid.default} is not a grid point")
     for seeds in (grid.tuning_seeds, *grid.tuning_seeds_by_dataset.values()):
         if not seeds or set(seeds) & set(grid.confirmation_seeds):
-            raise FrontierError(f"{path}: tuning seeds (and each tuning_seeds_by_dataset entry) must be non-empty and "
+            raise ExperimentError(f"{path}: tuning seeds (and each tuning_seeds_by_dataset entry) must be non-empty "
+                                  "and "
                                 "disjoint from the confirmation seeds")
     if "fedavg" not in grid.baselines:
-        raise FrontierError(f"{path}: baselines must include fedavg (the utility reference)")
+        raise ExperimentError(f"{path}: baselines must include fedavg (the utility reference)")
     return grid
 
 
@@ -154,7 +152,7 @@ def train(grid: Grid, points: list[Point], seeds: list[int], dataset: str, scena
             jobs.setdefault(rd, run_overrides(grid, p, dataset, scenario, s, rd, overrides))
     stale = stale_runs(list(jobs.items()))
     if stale:
-        raise FrontierError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                             "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
     return run_jobs(list(jobs.items()), workers)
 
@@ -191,7 +189,7 @@ def summarise_points(grid: Grid, values: dict[str, dict[int, dict]]) -> tuple[li
     """Each grid point's rule inputs, the utility floor and the task."""
     tasks = {v["task"] for runs in values.values() for v in runs.values()}
     if len(tasks) != 1:
-        raise FrontierError(f"the runs hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
+        raise ExperimentError(f"the runs hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
     task = tasks.pop()
     u = grid.rule["utility"][task]
     fedavg = t_test(list(series(values["fedavg"], UTILITY).values()))
@@ -312,7 +310,7 @@ def run_frontier(dataset: str, scenario: str, overrides: list[str], workers: int
     failures = train(grid, points, grid.tuning_seeds, dataset, scenario, out, overrides, workers)
     values = collect(grid, points, grid.tuning_seeds, out)
     if not values["fedavg"]:
-        raise FrontierError("no FedAvg run finished: the utility floor is undefined\n" + "\n".join(failures))
+        raise ExperimentError("no FedAvg run finished: the utility floor is undefined\n" + "\n".join(failures))
     summaries, floor, task = summarise_points(grid, values)
     selection = select_point(summaries, floor, float(grid.rule["fairness"]["max_upper"]))
     dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.tuning_seeds})
@@ -330,7 +328,7 @@ def run_frontier(dataset: str, scenario: str, overrides: list[str], workers: int
     if results is not None:
         _write_results(results, out, "frontier", text, command, time.perf_counter() - t0)
     if failures:
-        raise FrontierError(f"{len(failures)} runs failed (frontier.md in {out} lists them; re-run the same command "
+        raise ExperimentError(f"{len(failures)} runs failed (frontier.md in {out} lists them; re-run the same command "
                             "to retry them):\n" + "\n".join(failures))
     return out, selection
 
@@ -373,9 +371,9 @@ def parse_point(text: str, grid: Grid) -> Point:
     try:
         point = Point(strength.strip(), float(lam))
     except ValueError:
-        raise FrontierError(f"--point {text!r}: expected STRENGTH,LAMBDA_PRIV such as weak,0.1") from None
+        raise ExperimentError(f"--point {text!r}: expected STRENGTH,LAMBDA_PRIV such as weak,0.1") from None
     if point.strength not in grid.strengths or point.lambda_priv not in grid.lambdas:
-        raise FrontierError(f"--point {text!r} is not a grid point (strengths {list(grid.strengths)}, lambda_priv "
+        raise ExperimentError(f"--point {text!r} is not a grid point (strengths {list(grid.strengths)}, lambda_priv "
                             f"{grid.lambdas})")
     return point
 
@@ -384,14 +382,14 @@ def _saved_selection(out: Path, grid: Grid, grid_path: Path | None) -> tuple[Poi
     """The point OUT/selection.json holds, and the rule's reason for it."""
     path = out / "selection.json"
     if not path.is_file():
-        raise FrontierError(f"{path} does not exist: run the tuning stage (the same command without --confirm) "
+        raise ExperimentError(f"{path} does not exist: run the tuning stage (the same command without --confirm) "
                             "first, or name the point a published frontier selected with --point")
     saved = json.loads(path.read_text())
     if saved.get("grid") != grid.text:
-        raise FrontierError(f"{path} was selected under another grid file than {grid_path or grid_file()}; a "
+        raise ExperimentError(f"{path} was selected under another grid file than {grid_path or grid_file()}; a "
                             "confirmation must test what the pre-registered rule selected")
     if saved["selected"] is None:
-        raise FrontierError(f"nothing to confirm: {saved['reason']}")
+        raise ExperimentError(f"nothing to confirm: {saved['reason']}")
     point = Point(saved["selected"]["strength"], float(saved["selected"]["lambda_priv"]))
     return point, f"Selected on the tuning seeds {grid.tuning_seeds}: {saved['reason']}."
 
@@ -453,5 +451,5 @@ def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers:
     if results is not None:
         _write_results(results, out, "confirmation", text, command, time.perf_counter() - t0)
     if failures:
-        raise FrontierError(f"{len(failures)} runs failed:\n" + "\n".join(failures))
+        raise ExperimentError(f"{len(failures)} runs failed:\n" + "\n".join(failures))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from resfl_lightning.analysis.checkout import git_commit, machine
+from resfl_lightning.analysis.checkout import git_commit, lock_hash, machine
 
 
 def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = None) -> list[str]:
@@ -14,6 +14,7 @@ def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = No
     runs = "" if runs_wall_s is None else f" (the runs' own wall times sum to {runs_wall_s:.0f} s)"
     lines = [f"- command: `{command}`", f"- commit: {git_commit()}",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+             f"- packages: requirements.lock {lock_hash()} (the versions `make install` installs)",
              f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
     ledger = run_ledger.active()
     carried = ledger.provenance() if ledger is not None else None

@@ -11,13 +11,14 @@ embeds them with the summary table (default DIR: RUN_DIR/report for one run, ./r
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from resfl_lightning.values import finite
 
 SUMMARY_PREFIXES = ("test/", "score/", "attack/")
 SUMMARY_SKIP = re.compile(r"^test/(mean_evidence|selection_rate|fpr|tpr)/|^attack/byzantine/client_")
@@ -56,20 +57,17 @@ def load_run(run_dir: Path | str) -> RunData:
     return RunData(name=path.name, path=path, rows=rows, summary=summary, config=config)
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
 def round_series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(rounds, values) of the rows that hold a finite `key` (test metrics exist only on evaluation rounds)."""
-    pts = [(r["round"], r[key]) for r in rows if _finite(r.get(key))]
+    pts = [(r["round"], r[key]) for r in rows if finite(r.get(key)) is not None]
     return np.array([p[0] for p in pts], dtype=int), np.array([p[1] for p in pts], dtype=float)
 
 
 def final_group_tpr(rows: list[dict]) -> dict[int, float]:
     """{group: TPR} of the last row that has any test/tpr/<g> (groups without a defined TPR are absent)."""
     for r in reversed(rows):
-        tpr = {int(k.rsplit("/", 1)[1]): v for k, v in r.items() if re.fullmatch(r"test/tpr/\d+", k) and _finite(v)}
+        tpr = {int(k.rsplit("/", 1)[1]): v for k, v in r.items()
+               if re.fullmatch(r"test/tpr/\d+", k) and finite(v) is not None}
         if tpr:
             return dict(sorted(tpr.items()))
     return {}
@@ -84,7 +82,7 @@ def client_matrix(rows: list[dict], name: str) -> tuple[np.ndarray, list[int], n
     for j, r in enumerate(rows):
         for i, c in enumerate(clients):
             v = r.get(f"client/{c}/{name}")
-            values[i, j] = v if _finite(v) else np.nan
+            values[i, j] = v if finite(v) is not None else np.nan
     return rounds, clients, values
 
 
@@ -236,13 +234,13 @@ def summary_table(runs: list[RunData]) -> str:
     finals = [run.summary or {k: v for r in run.rows for k, v in r.items() if k.startswith(SUMMARY_PREFIXES)}
               for run in runs]
     keys = sorted({k for f in finals for k, v in f.items()
-                   if k.startswith(SUMMARY_PREFIXES) and not SUMMARY_SKIP.match(k) and _finite(v)})
+                   if k.startswith(SUMMARY_PREFIXES) and not SUMMARY_SKIP.match(k) and finite(v) is not None})
     keys += [k for k in ("rounds_completed", "mean_time/train") if any(k in f for f in finals)]
     head = "| metric | " + " | ".join(run.name for run in runs) + " |"
     rule = "| --- | " + " | ".join("---:" for _ in runs) + " |"
     lines = [head, rule]
     for k in keys:
-        cells = [f"{f[k]:.4g}" if _finite(f.get(k)) else "–" for f in finals]
+        cells = [f"{f[k]:.4g}" if finite(f.get(k)) is not None else "–" for f in finals]
         lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

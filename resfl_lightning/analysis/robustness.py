@@ -18,19 +18,17 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis import run_ledger
-from resfl_lightning.analysis.finished_run import finished_run, finite
+from resfl_lightning.analysis.experiment import ExperimentError, raise_failures, refuse_stale
+from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.attacks.byzantine import count_from_fraction
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.values import finite
 
 CLEAN = "clean"
-
-
-class RobustnessError(RuntimeError):
-    """The grid cannot be run as asked (unknown subset, defence or attack); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -60,20 +58,20 @@ def select(grid: dict, subset: str | None) -> dict:
         return grid
     subsets = grid.get("subsets", {})
     if subset not in subsets:
-        raise RobustnessError(f"--subset {subset!r}: conf/table/robustness.yaml has {sorted(subsets)}")
+        raise ExperimentError(f"--subset {subset!r}: conf/table/robustness.yaml has {sorted(subsets)}")
     part = subsets[subset]
     out = dict(grid)
     out["clients"] = int(part.get("clients", grid["clients"]))
     out["fractions"] = list(part.get("fractions", grid["fractions"]))
     if any(count_from_fraction(out["clients"], f) < 1 for f in out["fractions"]):
-        raise RobustnessError(f"subset {subset!r}: a fraction of {out['fractions']} gives no attacker among "
+        raise ExperimentError(f"subset {subset!r}: a fraction of {out['fractions']} gives no attacker among "
                               f"{out['clients']} clients")
     out["report_modes"] = list(part.get("report_modes", grid["report_modes"]))
     for key in ("attacks", "defences"):
         names = part.get(key, list(grid[key]))
         unknown = [n for n in names if n not in grid[key]]
         if unknown:
-            raise RobustnessError(f"subset {subset!r}: unknown {key} {unknown}")
+            raise ExperimentError(f"subset {subset!r}: unknown {key} {unknown}")
         out[key] = {n: grid[key][n] for n in names}
     return out
 
@@ -137,6 +135,69 @@ def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: i
     rd = run_dir_for(out, cell, seed) if run_dir is None else run_dir
     return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *cell_overrides(grid, cell),
             f"seed={seed}", f"run_dir={rd}", "logger=none", "progress=false", *overrides]
+
+
+# ---- pairing: an attacked run differs from its clean reference only in the attack --------------------------------
+
+
+def assumed_f_keys(grid: dict, defence: str) -> set[str]:
+    """The config keys through which the defence is told f (its overrides with a {f} or {trim_beta} field): the one
+    setting besides the attack in which an attacked run may differ from its clean run."""
+    return {o.split("=", 1)[0] for o in grid["defences"][defence]["overrides"] if "{" in o}
+
+
+def pair_mismatch(clean: dict, attacked: dict, assumed_f: set[str]) -> list[str]:
+    """The settings other than the attack, the assumed f and where the run lives in which an attacked run's config
+    differs from its clean reference's ('key: clean -> attacked'; [] when they pair)."""
+    from resfl_lightning.analysis.run_settings import LOCATION_KEYS, TRANSFER_KEYS, settings_diff
+
+    def allowed(key: str) -> bool:
+        return (key == "attack" or key.startswith("attack.") or key in assumed_f or key in TRANSFER_KEYS
+                or key.split(".", 1)[0] in LOCATION_KEYS)
+
+    return [line for line in settings_diff(clean, attacked) if not allowed(line.split(":", 1)[0])]
+
+
+def unpaired_cells(grid: dict, cells: list[Cell], composed) -> list[str]:
+    """Plan-time check: for each attacked cell, what its composed config (composed(cell) on the first seed) changes
+    beyond the attack against its defence's clean cell."""
+    out = []
+    for cell in cells:
+        if cell.attack == CLEAN:
+            continue
+        diff = pair_mismatch(composed(Cell(cell.defence, CLEAN, "honest", 0.0)), composed(cell),
+                             assumed_f_keys(grid, cell.defence))
+        if diff:
+            out.append(f"{cell.name}: " + "; ".join(diff[:4]))
+    return out
+
+
+def unpaired_runs(grid: dict, cells: list[Cell], seeds: list[int], out: Path) -> list[str]:
+    """Read-time check: the finished attacked runs whose saved config (what they were trained with) differs from
+    their clean run's beyond the attack; one line each."""
+    import yaml
+
+    def saved(cell: Cell, seed: int) -> dict | None:
+        run_dir = run_dir_for(out, cell, seed)
+        if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
+            return None  # unfinished, or saved no config to compare (as the stale-run check treats it)
+        return yaml.load((run_dir / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+    lines = []
+    for s in seeds:
+        references: dict[str, dict | None] = {}
+        for cell in cells:
+            if cell.attack == CLEAN:
+                continue
+            if cell.defence not in references:
+                references[cell.defence] = saved(Cell(cell.defence, CLEAN, "honest", 0.0), s)
+            clean, mine = references[cell.defence], saved(cell, s)
+            if clean is None or mine is None:
+                continue
+            diff = pair_mismatch(clean, mine, assumed_f_keys(grid, cell.defence))
+            if diff:
+                lines.append(f"{run_dir_for(out, cell, s).name}: " + "; ".join(diff[:4]))
+    return lines
 
 
 # ---- reading finished runs -------------------------------------------------------------------------------------
@@ -219,17 +280,39 @@ def worst_cell(results: dict[Cell, CellResult], defence: str, fraction: float) -
 @dataclass(frozen=True)
 class Criterion:
     text: str
-    passed: bool | None  # None: not decidable from the runs there are
+    passed: bool | None  # None: the runs cannot decide it (cells missing, or an interval straddles the bound)
     detail: str
 
 
+def at_most(t: TTest, bound: float) -> bool | None:
+    """Decided on the 95 % interval, never the point: True when it lies at or below `bound`, False when it lies
+    above, None when it straddles it (or fewer than 2 seeds give no interval)."""
+    if t.n < 2:
+        return None
+    return True if t.high <= bound else (False if t.low > bound else None)
+
+
+def at_least(t: TTest, bound: float) -> bool | None:
+    """As at_most, for an interval that must lie at or above `bound`."""
+    if t.n < 2:
+        return None
+    return True if t.low >= bound else (False if t.high < bound else None)
+
+
+def all_of(verdicts: list[bool | None]) -> bool | None:
+    """False when any is False, True when all are True, else None."""
+    return False if False in verdicts else (True if verdicts and all(v is True for v in verdicts) else None)
+
+
 def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
-    """The four criteria of docs/robustness-protocol.md for grid['decision']['defence'] at every f/n <= max."""
+    """The four criteria of docs/robustness-protocol.md for grid['decision']['defence'] at every f/n <= max, each
+    decided on 95 % Student-t intervals over seeds (pass: the interval on the right side of the bound; fail: on the
+    wrong side; else not decided at these seeds)."""
     rule = grid["decision"]
     me, base, ref = rule["defence"], rule["baseline"], rule["reference"]
     fractions = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
     out = []
-    # 1. worst-case BA AD <= bound and >= margin below the baseline's worst case, paired interval excluding 0
+    # 1. worst-case BA AD <= bound and >= margin below the baseline's worst case (paired interval)
     for f in fractions:
         mine, theirs = worst_cell(results, me, f), worst_cell(results, base, f)
         if mine is None or theirs is None:
@@ -237,11 +320,11 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
             continue
         worst = t_test(list(mine.ba_ad.values()))
         gap = paired_t(theirs.ba_ad, mine.ba_ad)
-        ok = worst.mean <= rule["worst_ba_ad"] and gap.mean >= rule["margin_vs_baseline"] and gap.low > 0
+        ok = all_of([at_most(worst, rule["worst_ba_ad"]), at_least(gap, rule["margin_vs_baseline"])])
         out.append(Criterion(
             f"worst-case BA AD at f/n = {f} <= {rule['worst_ba_ad']} and >= {rule['margin_vs_baseline']} below "
-            f"{base}'s (paired interval > 0)", ok,
-            f"{me} {worst.mean:.3f} ({mine.cell.attack}/{mine.cell.report}); "
+            f"{base}'s (95 % intervals)", ok,
+            f"{me} {_t_text(worst)} ({mine.cell.attack}/{mine.cell.report}); "
             f"{base} {np.mean(list(theirs.ba_ad.values())):.3f} ({theirs.cell.attack}/{theirs.cell.report}); "
             f"{base} - {me} {_t_text(gap)}"))
     # 2. lie - honest BA AD per attack
@@ -253,29 +336,34 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
                 d = paired_t(r.ba_ad, honest.ba_ad)
                 if d.n:
                     diffs.append((d.mean, c, d))
+    text = f"lie - honest BA AD <= {rule['lie_minus_honest']} (95 % intervals)"
     if diffs:
         mean, c, d = max(diffs, key=lambda x: x[0])
-        out.append(Criterion(f"lie - honest BA AD <= {rule['lie_minus_honest']}", mean <= rule["lie_minus_honest"],
+        out.append(Criterion(text, all_of([at_most(t, rule["lie_minus_honest"]) for _, _, t in diffs]),
                              f"largest at {c.attack}, f/n = {c.fraction}: {_t_text(d)}"))
     else:
-        out.append(Criterion(f"lie - honest BA AD <= {rule['lie_minus_honest']}", None, "no lie/honest pair"))
-    # 3. clean utility vs the reference defence
+        out.append(Criterion(text, None, "no lie/honest pair"))
+    # 3. clean utility vs the reference defence, paired by seed: mine - ratio x reference >= 0
     mine_c, ref_c = results.get(Cell(me, CLEAN, "honest", 0.0)), results.get(Cell(ref, CLEAN, "honest", 0.0))
+    text = f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s (95 % interval of the paired difference)"
     if mine_c and ref_c and mine_c.utility and ref_c.utility:
         a, b = float(np.mean(list(mine_c.utility.values()))), float(np.mean(list(ref_c.utility.values())))
-        out.append(Criterion(f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s",
-                             a >= rule["clean_utility_ratio"] * b, f"{a:.4f} vs {b:.4f} (ratio {a / b:.4f})"))
+        scaled = {s: rule["clean_utility_ratio"] * v for s, v in ref_c.utility.items()}
+        d = paired_t(mine_c.utility, scaled)
+        out.append(Criterion(text, at_least(d, 0.0), f"{a:.4f} vs {b:.4f} (ratio {a / b:.4f}); {me} - "
+                             f"{rule['clean_utility_ratio']} x {ref} {_t_text(d)}"))
     else:
-        out.append(Criterion(f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s", None, "clean runs missing"))
-    # 4. ΔEOD vs clean, worst over the attacked cells
-    eods = [(float(np.mean(list(r.delta_eod.values()))), c) for c, r in results.items()
+        out.append(Criterion(text, None, "clean runs missing"))
+    # 4. ΔEOD vs clean, every attacked cell
+    eods = [(t_test(list(r.delta_eod.values())), c) for c, r in results.items()
             if c.defence == me and c.attack != CLEAN and c.fraction in fractions and r.delta_eod]
+    text = f"ΔEOD vs clean <= {rule['delta_eod']} (95 % intervals)"
     if eods:
-        worst_eod, c = max(eods, key=lambda x: x[0])
-        out.append(Criterion(f"ΔEOD vs clean <= {rule['delta_eod']}", worst_eod <= rule["delta_eod"],
-                             f"largest {worst_eod:+.3f} at {c.attack}/{c.report}, f/n = {c.fraction}"))
+        worst_eod, c = max(eods, key=lambda x: x[0].mean)
+        out.append(Criterion(text, all_of([at_most(t, rule["delta_eod"]) for t, _ in eods]),
+                             f"largest {_t_text(worst_eod)} at {c.attack}/{c.report}, f/n = {c.fraction}"))
     else:
-        out.append(Criterion(f"ΔEOD vs clean <= {rule['delta_eod']}", None, "no EOD pair"))
+        out.append(Criterion(text, None, "no EOD pair"))
     return out
 
 
@@ -358,9 +446,12 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     for f in grid["fractions"]:
         lines += _fraction_tables(results, grid, f, n)
     rule = grid["decision"]
-    lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
+    lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", "",
+              "Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
+              "lies on the right side of its bound, FAILED when one lies on the wrong side, not decided when one "
+              "straddles it (more seeds would decide it).", ""]
     for c in decide(results, grid):
-        verdict = "not decidable" if c.passed is None else ("passed" if c.passed else "FAILED")
+        verdict = "not decided" if c.passed is None else ("passed" if c.passed else "FAILED")
         lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
     return "\n".join(lines) + "\n"
 
@@ -430,6 +521,7 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     """Train the missing runs of the (sub)grid, write DIR/robustness.md and DIR/robustness.png (and the results file
     with its provenance, the figure beside it); returns DIR."""
     from resfl_lightning.analysis.provenance import write_results
+    from resfl_lightning.analysis.run_settings import composed_settings
 
     grid = select(load_grid(), subset)
     seed_list = list(range(grid["seeds"] if seeds is None else seeds))
@@ -438,8 +530,19 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
     t0 = time.perf_counter()
     jobs_list = [(run_dir_for(out, c, s), train_overrides(dataset, scenario, grid, c, s, out, overrides))
                  for s in seed_list for c in cells]
+    unpaired = unpaired_cells(grid, cells, lambda c: composed_settings(
+        train_overrides(dataset, scenario, grid, c, seed_list[0], out, overrides)))
+    if unpaired:
+        raise ExperimentError(f"{len(unpaired)} attacked cells would differ from their clean runs beyond the attack "
+                              "(conf/table/robustness.yaml or the overrides set it):\n" + "\n".join(unpaired))
+    refuse_stale(jobs_list, out)
     run_ledger.keep({"metrics.jsonl": ("round", WEIGHT_SHARE)})  # what run_values reads beyond the summary
     failures = run_jobs(jobs_list, jobs)
+    unpaired = unpaired_runs(grid, cells, seed_list, out)
+    if unpaired:
+        raise ExperimentError(f"{len(unpaired)} finished attacked runs in {out} were trained with other settings "
+                              "than their clean runs beyond the attack; move them away and run again:\n"
+                              + "\n".join(unpaired))
     values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
     results = cell_results(values, cells, seed_list)
     total = time.perf_counter() - t0
@@ -457,6 +560,5 @@ def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds
         png = figure(results, grid, results_path.with_suffix(".png"), caption)
         write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
                       runs_wall_s=run_walls, writer="resfl robustness")
-    if failures:
-        print(f"{len(failures)} runs failed (re-run the same command to retry them):\n" + "\n".join(failures))
+    raise_failures(failures, len(jobs_list), out)
     return out

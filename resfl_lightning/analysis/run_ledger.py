@@ -3,23 +3,21 @@
 An experiment of thousands of runs outlives one machine: the runs' folders stay behind, and the next machine would
 train them again. The ledger keeps the small files the commands read from a finished run (FILES: never checkpoints)
 in gzipped JSON-lines chunks, DIR/<experiment folder name>/<stamp>-<k>.jsonl.gz, written as runs finish and meant to
-be committed. On the next machine the same command restores each run it lacks from the ledger, then checks the
-restored config against what the command composes now exactly as it checks its own finished runs
-(analysis/run_settings.py): a run whose settings changed is trained again, never reused. Composing takes ~0.3 s a
-run, too slow for grids of thousands, so an entry also keeps its overrides and a fingerprint of what composition
-reads (conf/ less NOT_COMPOSED, the tuned-file logic, Hydra's and OmegaConf's versions): with both unchanged the
-composed config is the same and the check is skipped. Each entry records the commit, date and machine at which it was
-recorded (when the run finished, or when a command with the ledger first found it finished); the results header names
-those commits for every run of the command the ledger holds, restored or not, since a grid's runs are often made over
-several sessions.
+be committed. Among them is the run's config.yaml: the resolved config it saved when it started, i.e. the settings it
+was trained with. On the next machine the same command restores each run it lacks from the ledger only when that
+saved config is what the command composes now, key by key (analysis/run_settings.py, composed once per grid cell),
+exactly as it checks its own finished runs: a run whose settings changed is trained again, never reused. Each entry
+records the commit, date and machine at which it was recorded (when the run finished, or when a command with the
+ledger first found it finished), the commit marked when the tree had uncommitted changes; the results header names
+those commits for every run of the command the ledger holds, restored or not, since a grid's runs are often made
+over several sessions. An entry holds no machine's paths (analysis/portable_paths.py): its data root is a placeholder,
+put back as the restoring command gives it, so that the restored config is what that command composes.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import gzip
-import hashlib
 import json
 import os
 import time
@@ -27,36 +25,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resfl_lightning.analysis.portable_paths import given_roots, localised, portable, run_roots
+
 # What every experiment command reads from a finished run (its settings, final values and wall time); a command
 # that reads more names it with `keep` (the table: every per-round row and the Hydra config; the robustness table:
 # one per-round key). metrics.jsonl holds ~10 KB a round of per-client rows, too much to carry for thousands of runs.
 FILES = ("config.yaml", "summary.json", "table_wall_s.json")
 ALL_KEYS = None  # keep a JSON-lines file whole
 CHUNK_RUNS = 100  # entries per chunk: each chunk is rewritten whole as it grows, then left as it is
-
-
-# conf/ folders that no run composes (the experiment commands' grids and rules, W&B sweeps): editing them, as a
-# protocol amendment does, must not send every ledger entry through the slow composed check
-NOT_COMPOSED = ("table", "tune", "sweeps")
-
-
-@functools.cache
-def composition_fingerprint() -> str:
-    """A hash of everything a run's composed config depends on besides its overrides."""
-    import hydra
-    import omegaconf
-
-    from resfl_lightning.config import tuned
-    from resfl_lightning.resources import conf_dir
-
-    digest = hashlib.sha256(f"hydra {hydra.__version__} omegaconf {omegaconf.__version__}\n".encode())
-    digest.update(Path(tuned.__file__).read_bytes())
-    root = Path(conf_dir())
-    for path in sorted(root.rglob("*.yaml")):
-        if path.relative_to(root).parts[0] in NOT_COMPOSED:
-            continue
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
 
 
 def _settings(overrides: list[str]) -> list[str]:
@@ -73,6 +49,35 @@ def _rows_with(keys: tuple[str, ...] | None, text: str) -> str:
     return "".join(json.dumps(row) + "\n" for row in kept if row)
 
 
+def _with_texts(entry: dict, change) -> dict:
+    """`entry` with `change` applied to the text of each of its files and overrides."""
+    return {**entry, "files": {name: change(text) for name, text in entry["files"].items()},
+            "overrides": [change(o) for o in entry.get("overrides", [])]}
+
+
+def portable_entry(entry: dict) -> dict:
+    """The entry as the ledger keeps it: its data roots as placeholders, paths in the checkout relative to it."""
+    roots = run_roots(entry.get("overrides", []), entry["files"].get("config.yaml"))
+    return _with_texts(entry, lambda text: portable(text, roots))
+
+
+def localised_entry(entry: dict, overrides: list[str]) -> dict:
+    """The entry as a command with `overrides` restores it: its placeholders replaced by the data roots the command
+    gives. An entry recorded with absolute roots (before entries were portable) is made portable first."""
+    roots = given_roots(overrides)
+    return _with_texts(portable_entry(entry), lambda text: localised(text, roots))
+
+
+def _write_chunk(path: Path, lines: list[str]) -> None:
+    """Replace the chunk `path` atomically; the same entries give the same bytes (no time or file name in the gzip
+    header), so rewriting a chunk unchanged leaves nothing to commit."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9,
+                                                   mtime=0) as fh:
+        fh.write("".join(lines).encode("utf-8"))
+    os.replace(partial, path)
+
+
 def _chunk_entries(chunk: Path) -> list[dict]:
     """The entries of one chunk, in order; a line that is not an entry names the chunk and line."""
     entries = []
@@ -86,6 +91,14 @@ def _chunk_entries(chunk: Path) -> list[dict]:
                 raise ValueError(f"{chunk}, line {n}: not a ledger entry (no run name)")
             entries.append(entry)
     return entries
+
+
+DIRTY_MARK = "+dirty"  # after a short commit: the run was recorded from a tree with uncommitted changes
+
+
+def commit_label(commit: str) -> str:
+    """A recorded commit in 12 characters, marked when git_commit() said the tree had uncommitted changes."""
+    return commit.split(" ")[0][:12] + (DIRTY_MARK if "uncommitted" in commit else "")
 
 
 @dataclass
@@ -105,26 +118,23 @@ class Ledger:
     def record(self, run_dir: Path, overrides: list[str]) -> None:
         """Add the finished run in `run_dir` (trained with `overrides`) to this process's open chunk of its
         experiment (rewritten whole)."""
-        from resfl_lightning.analysis.checkout import git_commit, machine
+        from resfl_lightning.analysis.checkout import git_commit, lock_hash, machine
 
         experiment = run_dir.parent.name
         files = {name: (run_dir / name).read_text() for name in FILES if (run_dir / name).is_file()}
         for name, keys in self.extra.items():
             if (run_dir / name).is_file():
                 files[name] = _rows_with(keys, (run_dir / name).read_text())
-        entry = {"run": run_dir.name, "files": files, "overrides": _settings(overrides),
-                 "composition": composition_fingerprint(), "commit": git_commit(), "machine": machine(),
-                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        entry = portable_entry({"run": run_dir.name, "files": files, "overrides": _settings(overrides),
+                                "commit": git_commit(), "lock": lock_hash(), "machine": machine(),
+                                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         recorded = self._recorded.setdefault(experiment, [])
         recorded.append(entry)
         index = (len(recorded) - 1) // CHUNK_RUNS  # this process's chunks of the experiment hold CHUNK_RUNS each
         chunk = recorded[index * CHUNK_RUNS:]
         path = self.root / experiment / f"{self.stamp}-{index + 1:03d}.jsonl.gz"
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as fh:
-            fh.writelines(json.dumps(e, sort_keys=True) + "\n" for e in chunk)
-        os.replace(partial, path)
+        _write_chunk(path, [json.dumps(e, sort_keys=True) + "\n" for e in chunk])
 
     def sync(self, jobs: list[tuple[Path, list[str]]], report=print) -> None:
         """Restore the jobs' runs this machine lacks from the ledger (kept only when their saved settings are what
@@ -144,13 +154,12 @@ class Ledger:
                 if entry is None:
                     self.record(run_dir, overrides)
                 continue
-            files = entry["files"] if entry is not None else {}
+            files = localised_entry(entry, overrides)["files"] if entry is not None else {}  # this machine's root
             if "summary.json" not in files or "config.yaml" not in files:
                 continue
-            same = (entry.get("composition") == composition_fingerprint()
-                    and entry.get("overrides") == _settings(overrides))
+            # the settings it was trained with against those it gets now (never a stamp of when it was recorded);
             # checked before anything is written: an unfinished attempt of the run on this machine stays as it was
-            differs = [] if same else saved_config_mismatch(files["config.yaml"], overrides)  # no workers yet: no lock
+            differs = saved_config_mismatch(files["config.yaml"], overrides)  # no workers yet: no lock
             if differs:  # made with other settings: train it again
                 stale.append(f"{run_dir.name}: {differs[0]}")
                 continue
@@ -176,12 +185,15 @@ class Ledger:
         if not held:
             return None
         held.sort(key=lambda e: e["date"])  # a Counter keeps first-seen order: the commits in time order
-        counts = Counter(e["commit"].split(" ")[0][:12] for e in held)
+        counts = Counter(commit_label(e["commit"]) for e in held)
         commits = ", ".join(f"{c} ({n})" for c, n in counts.items())
+        dirty = sum(n for c, n in counts.items() if c.endswith(DIRTY_MARK))
         dates = [e["date"] for e in held]
-        return (f"- ledger: {len(held)} of the runs are in {self.root} ({len(self.restored)} restored from it by this "
-                f"command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits}: a run is "
-                "recorded when it finishes, or when a command with this ledger first finds it finished")
+        return (f"- ledger: {len(held)} of the runs are in {portable(str(self.root))} ({len(self.restored)} restored "
+                f"from it by this command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits}: "
+                "a run is recorded when it finishes, or when a command with this ledger first finds it finished"
+                + (f"; {dirty} of them were recorded from a tree with uncommitted changes ({DIRTY_MARK})" if dirty
+                   else ""))
 
 
 @dataclass(frozen=True)
@@ -202,7 +214,7 @@ def summarise(root: Path) -> list[ExperimentSummary]:
         if not entries:
             continue
         dates = sorted(e.get("date", "") for e in entries.values())
-        commits = tuple(sorted({e.get("commit", "?").split(" ")[0][:12] for e in entries.values()}))
+        commits = tuple(sorted({commit_label(e.get("commit", "?")) for e in entries.values()}))
         out.append(ExperimentSummary(folder.name, len(entries), len(list(folder.glob("*.jsonl.gz"))), commits,
                                      dates[0], dates[-1]))
     return out
@@ -229,11 +241,23 @@ def drop(root: Path, experiment: str, pattern: str) -> list[str]:
         if not kept:
             chunk.unlink()
             continue
-        partial = chunk.with_name(chunk.name + ".partial")
-        with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as fh:
-            fh.writelines(kept)
-        os.replace(partial, chunk)
+        _write_chunk(chunk, kept)
     return sorted(set(dropped))
+
+
+def make_portable(root: Path) -> tuple[int, int]:
+    """Rewrite the chunks under `root` whose entries hold machine paths (recorded before entries were portable) with
+    portable entries in the same order; returns (entries changed, chunks rewritten). Run it while no command writes
+    to the ledger, with the checkout the entries were recorded in (its paths are the ones made relative)."""
+    changed = rewritten = 0
+    for chunk in sorted(Path(root).rglob("*.jsonl.gz")):
+        entries = _chunk_entries(chunk)
+        moved = [portable_entry(entry) for entry in entries]
+        n = sum(a != b for a, b in zip(entries, moved))
+        if n:
+            _write_chunk(chunk, [json.dumps(e, sort_keys=True) + "\n" for e in moved])
+            changed, rewritten = changed + n, rewritten + 1
+    return changed, rewritten
 
 
 _ACTIVE: Ledger | None = None

@@ -7,6 +7,8 @@ with the config the same overrides compose to now.
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +17,51 @@ from omegaconf import OmegaConf
 from resfl_lightning.analysis.run_records import is_finished
 from resfl_lightning.resources import conf_dir
 
+# Overrides that vary between the runs of one grid cell and reach the config only as their own value (and through
+# interpolations such as run_name): a cell's config is composed once and these are set on a copy of it.
+VARYING = ("seed", "run_dir")
 
-def composed_settings(overrides: list[str]) -> dict[str, Any]:
-    """The resolved config `resfl train <overrides>` would run with (its tuned file applied), as plain containers."""
+
+def _split_varying(overrides: list[str]) -> tuple[tuple[str, ...], tuple[tuple[str, object], ...]]:
+    """(the overrides that select settings, ((key, parsed value), ...) of the VARYING ones)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    fixed, varying = [], []
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if key in VARYING and "=" in o:
+            varying.append((key, OverridesParser.create().parse_overrides([o])[0].value()))
+        else:
+            fixed.append(o)
+    return tuple(fixed), tuple(varying)
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed_cell(conf: str, fixed: tuple[str, ...]):
+    """The unresolved config `resfl train <fixed>` runs with from the config folder `conf` (its tuned file applied);
+    cached because composing takes ~0.3 s and a grid's seeds share it. One command composes from files that do not
+    change while it runs; clear_composed() forgets them (tests that edit conf/)."""
     from hydra import compose, initialize_config_dir
 
     from resfl_lightning.config.tuned import recompose
 
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(fixed), return_hydra_config=True)
         choices = dict(cfg.hydra.runtime.choices)
-        again = recompose(list(overrides), choices, lambda o: compose(config_name="train", overrides=o))
-        if again is None:
-            cfg = compose(config_name="train", overrides=list(overrides))
-        else:
-            cfg = again
+        again = recompose(list(fixed), choices, lambda o: compose(config_name="train", overrides=o))
+        return again if again is not None else compose(config_name="train", overrides=list(fixed))
+
+
+def clear_composed() -> None:
+    _composed_cell.cache_clear()
+
+
+def composed_settings(overrides: list[str]) -> dict[str, Any]:
+    """The resolved config `resfl train <overrides>` would run with (its tuned file applied), as plain containers."""
+    fixed, varying = _split_varying(list(overrides))
+    cfg = copy.deepcopy(_composed_cell(str(conf_dir()), fixed))
+    for key, value in varying:
+        OmegaConf.update(cfg, key, value, force_add=True)
     return OmegaConf.to_container(cfg, resolve=True)
 
 

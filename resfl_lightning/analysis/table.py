@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
 from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.run_records import summed_wall
 from resfl_lightning.analysis.run_settings import finished_run_mismatch
 from resfl_lightning.analysis.runner import is_finished, run_jobs
@@ -50,10 +51,6 @@ from resfl_lightning.resources import conf_dir
 BASELINE = "fedavg"  # every paired difference and FATE is taken against this method's run of the same seed
 
 
-class TableError(RuntimeError):
-    """The table cannot be made as asked (unknown method, stale or failed runs); the message says why."""
-
-
 def algorithm_presets() -> list[str]:
     """Every preset of conf/algorithm/, ordered by the `table_order` its own file sets (a row position fixed before
     any result was looked at; inherited values do not count, so two presets cannot share a row by accident)."""
@@ -62,7 +59,7 @@ def algorithm_presets() -> list[str]:
         raw = OmegaConf.load(path)
         value = raw.table_order if "table_order" in raw else None
         if not isinstance(value, int) or isinstance(value, bool):
-            raise TableError(f"{path}: table_order: every algorithm preset sets its own row position in the "
+            raise ExperimentError(f"{path}: table_order: every algorithm preset sets its own row position in the "
                              f"comparison table (an integer), got {value!r}")
         order[path.stem] = value
     by_position: dict[int, list[str]] = {}
@@ -70,7 +67,7 @@ def algorithm_presets() -> list[str]:
         by_position.setdefault(value, []).append(name)
     shared = {v: names for v, names in by_position.items() if len(names) > 1}
     if shared:
-        raise TableError(f"{conf_dir() / 'algorithm'}: table_order: presets share a row position: {shared}")
+        raise ExperimentError(f"{conf_dir() / 'algorithm'}: table_order: presets share a row position: {shared}")
     return sorted(order, key=lambda name: order[name])
 
 
@@ -402,9 +399,9 @@ def table_seeds(dataset: str, seeds: int | None, primary_seeds: int | None,
     n = default_seeds if seeds is None else seeds
     primary = primary_seeds if primary_seeds is not None else (default_primary if seeds is None else n)
     if n < 1:
-        raise TableError(f"--seeds must be >= 1, got {n}")
+        raise ExperimentError(f"--seeds must be >= 1, got {n}")
     if primary < n:
-        raise TableError(f"--primary-seeds ({primary}) must be >= --seeds ({n}): the primary methods run on more "
+        raise ExperimentError(f"--primary-seeds ({primary}) must be >= --seeds ({n}): the primary methods run on more "
                          "seeds than the rest, never fewer")
     return n, primary
 
@@ -426,23 +423,24 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
                command: str = "resfl table", primary_seeds: int | None = None) -> Path:
     """Train what is missing, write DIR/table.md, table.csv, pareto.png (and the results file); returns DIR.
 
-    A failed run does not stop the table: it is written with the failure shown, then TableError names the failures
+    A failed run does not stop the table: it is written with the failure shown, then ExperimentError names the failures
     (a re-invocation retries them)."""
     from resfl_lightning.analysis.provenance import write_results
 
     settings, claims = load_statistics(), load_claims()
     if settings.baseline != BASELINE:
-        raise TableError(f"conf/table/statistics.yaml: baseline {settings.baseline!r}: the table's run directories "
+        raise ExperimentError(f"conf/table/statistics.yaml: baseline {settings.baseline!r}: the table's run "
+                              "directories "
                          f"pair every method with {BASELINE!r}")
     presets = algorithm_presets()
     methods = presets if methods is None else methods
     unknown = [m for m in methods if m not in presets]
     if unknown:
-        raise TableError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
+        raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
     if BASELINE not in methods:
         methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
     if jobs < 1:
-        raise TableError(f"--jobs must be >= 1, got {jobs}")
+        raise ExperimentError(f"--jobs must be >= 1, got {jobs}")
     n_seeds, n_primary = table_seeds(dataset, seeds, primary_seeds, settings)
     seed_sets = method_seeds(methods, n_seeds, n_primary, settings)
     columns = load_columns()
@@ -453,7 +451,7 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
     runs = table_runs(seed_sets, attacks)
     stale = stale_runs(runs, out, dataset, scenario, overrides)
     if stale:
-        raise TableError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                          "gives them (older table preset or other ARGS); a table mixing them would compare unlike "
                          "runs. Move them away or pass --out DIR:\n" + "\n".join(stale))
     failures = run_all(runs, out, dataset, scenario, overrides, jobs)
@@ -475,6 +473,6 @@ def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: in
     if results is not None:
         write_results(results, (out / "table.md").read_text(), command, wall_s=total, runs_wall_s=run_walls)
     if failures:
-        raise TableError(f"{len(failures)} of {len(runs)} runs failed (the table in {out} shows them as failed; "
+        raise ExperimentError(f"{len(failures)} of {len(runs)} runs failed (the table in {out} shows them as failed; "
                          "re-run the same command to retry them):\n" + "\n".join(failures))
     return out

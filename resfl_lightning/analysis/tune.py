@@ -1,7 +1,7 @@
-"""`resfl tune`: the equal tuning budget (issue 24 item 5). Every method gets the same number of trials over its own
-pre-declared grid (conf/tune/<method>.yaml) on the tuning seeds of conf/table/tune.yaml (both read by tune_grid.py),
-and the rule there (tune_rule.py) picks one trial per method on VALIDATION values only; the selected trial's
-overrides go to conf/tuned/<dataset>/<method>.yaml (config/tuned.py), merged with a file already there.
+"""`resfl tune`: the equal tuning budget, so that no method wins by being tuned more. Every method gets the same number
+of trials over its own pre-declared grid (conf/tune/<method>.yaml) on the tuning seeds of conf/table/tune.yaml (both
+read by tune_grid.py), and the rule there (tune_rule.py) picks one trial per method on VALIDATION values only; the
+selected trial's overrides go to conf/tuned/<dataset>/<method>.yaml (config/tuned.py), merged with a file already there.
 
 A method's tuning runs start from the tuned file it had when its tuning began (its "base"), frozen in OUT/bases.json:
 a file this command writes later must not turn its own finished runs into stale ones. Runs are trained by
@@ -26,7 +26,7 @@ from resfl_lightning.analysis.table import algorithm_presets, default_out, table
 from resfl_lightning.analysis.tune_grid import (
     SCALE,
     SET_BY_TUNE,
-    TuneError,
+    ExperimentError,
     TuneSettings,
     concrete,
     load_grid,
@@ -93,7 +93,7 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
             try:
                 _, tuned, applied = with_tuned(user, {"dataset": dataset, "algorithm": m})
             except ConfigError as err:
-                raise TuneError(str(err)) from None
+                raise ExperimentError(str(err)) from None
             bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}
     path.write_text(json.dumps(bases, indent=1))
     return bases
@@ -302,7 +302,7 @@ def write_tuned_file(target: Path, text: str) -> None:
     try:
         load_tuned(target)  # what `resfl train` will load: checked now
     except ConfigError as err:
-        raise TuneError(str(err)) from None
+        raise ExperimentError(str(err)) from None
 
 
 def selection_record(t: MethodTuning) -> dict:
@@ -315,7 +315,7 @@ def selection_record(t: MethodTuning) -> dict:
 def checked_seeds(seeds: list[int]) -> list[int]:
     taken = sorted(set(seeds) & reserved_seeds())
     if taken or not seeds or len(set(seeds)) != len(seeds):
-        raise TuneError(f"tuning seeds {seeds}: distinct seeds none of which a table or the frontier uses "
+        raise ExperimentError(f"tuning seeds {seeds}: distinct seeds none of which a table or the frontier uses "
                         f"(taken: {taken})")
     return seeds
 
@@ -332,11 +332,12 @@ def check_user_overrides(user: list[str], grids: dict[str, list[tuple[str, ...]]
     own = {override_key(o) for o in user}
     fixed = sorted(own & set(SET_BY_TUNE) - {SWITCH})
     if fixed:
-        raise TuneError(f"overrides: {fixed} are set by every tuning run (--methods, --seeds choose them)")
+        raise ExperimentError(f"overrides: {fixed} are set by every tuning run (--methods, --seeds choose them)")
     for m, grid in grids.items():
         clash = sorted(own & set().union(*map(trial_keys, grid)))
         if clash:
-            raise TuneError(f"overrides: {clash} are tuned by conf/tune/{m}.yaml; fixing them would leave its trials "
+            raise ExperimentError(f"overrides: {clash} are tuned by conf/tune/{m}.yaml; fixing them would leave its "
+                                  "trials "
                             "unequal")
 
 
@@ -352,13 +353,13 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
     methods = presets if methods is None else methods
     unknown = [m for m in methods if m not in presets]
     if unknown:
-        raise TuneError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
+        raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
     seeds = checked_seeds(list(settings.seeds_for(dataset) if seeds is None else seeds))
     k = settings.trials if trials is None else trials
     if not 1 <= k <= settings.trials:
-        raise TuneError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
+        raise ExperimentError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
     if jobs < 1:
-        raise TuneError(f"--jobs must be >= 1, got {jobs}")
+        raise ExperimentError(f"--jobs must be >= 1, got {jobs}")
     user = [o for o in overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases reads it)
     grids = {m: load_grid(m, settings)[:k] for m in methods}
     check_user_overrides(overrides, grids)
@@ -376,7 +377,7 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
                  for s in seeds for m in [*methods, *reference_only] for t in range(len(run_trials[m]))]
     stale = stale_runs(jobs_list)
     if stale:
-        raise TuneError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
+        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
                         "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
     t0 = time.perf_counter()
     failures = run_jobs(jobs_list, jobs)
@@ -405,6 +406,7 @@ def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: 
         if planned_text is not None:
             write_tuned_file(tuned_root / dataset / f"{m}.yaml", planned_text)
     if failures:
-        raise TuneError(f"{len(failures)} of {len(jobs_list)} runs failed (the trial log in {out} shows them; re-run "
+        raise ExperimentError(f"{len(failures)} of {len(jobs_list)} runs failed (the trial log in {out} shows them; "
+                              "re-run "
                         "the same command to retry them):\n" + "\n".join(failures))
     return out

@@ -12,19 +12,16 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.columns import finite
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.frontier import load_grid as load_frontier_grid
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import algorithm_presets
 from resfl_lightning.config.tuned import RECORD, SWITCH, override_key
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.values import finite
 
 SCALE = "*="  # `key*=f` in a grid: f times the value the run would have without the trial
 SET_BY_TUNE = ("algorithm", "seed", "run_dir", SWITCH, RECORD)  # keys each tuning run's command sets itself
-
-
-class TuneError(RuntimeError):
-    """The tuning cannot run as asked; the message says why (and names the file at fault)."""
 
 
 @dataclass(frozen=True)
@@ -83,16 +80,17 @@ def load_settings(path: Path | None = None) -> TuneSettings:
             settings = replace(settings, learned_reference=str(learned["reference"]),
                                learned_fraction=float(learned["fraction"]))
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise TuneError(f"{path}: missing or malformed key {err}") from None
+        raise ExperimentError(f"{path}: missing or malformed key {err}") from None
     if settings.learned_fraction is not None and not 0 < settings.learned_fraction <= 1:
-        raise TuneError(f"{path}: rule.learned.fraction must lie in (0, 1], got {settings.learned_fraction}")
+        raise ExperimentError(f"{path}: rule.learned.fraction must lie in (0, 1], got {settings.learned_fraction}")
     if settings.trials < 1 or not settings.seeds or not all(seeds for _, seeds in settings.seeds_by_dataset):
-        raise TuneError(f"{path}: trials must be >= 1 and tuning_seeds (and each tuning_seeds_by_dataset entry) "
+        raise ExperimentError(f"{path}: trials must be >= 1 and tuning_seeds (and each tuning_seeds_by_dataset entry) "
                         "non-empty")
     named = set(settings.fairness_methods) | {settings.reference_fallback} | {settings.learned_reference} - {None}
     unknown = sorted(named - set(algorithm_presets()))
     if unknown:
-        raise TuneError(f"{path}: rule.fairness.methods / reference_fallback / learned.reference: no conf/algorithm/ "
+        raise ExperimentError(f"{path}: rule.fairness.methods / reference_fallback / learned.reference: no "
+                              "conf/algorithm/ "
                         f"preset {unknown}")
     return settings
 
@@ -128,15 +126,16 @@ def scale_factor(item: str) -> float:
 
 def _check_item(path: Path, where: str, item, fixed: tuple[str, ...]) -> str:
     if not isinstance(item, str) or "=" not in item:
-        raise TuneError(f"{path}: {where}: expected key=value or key*=factor, got {item!r}")
+        raise ExperimentError(f"{path}: {where}: expected key=value or key*=factor, got {item!r}")
     key = item_key(item)
     if key in SET_BY_TUNE or any(key == f or key.startswith(f + ".") for f in fixed):
-        raise TuneError(f"{path}: {where}: {key} is fixed (conf/table/tune.yaml `fixed`, or set by every tuning run)")
+        raise ExperimentError(f"{path}: {where}: {key} is fixed (conf/table/tune.yaml `fixed`, or set by every "
+                              "tuning run)")
     if SCALE in item:
         try:
             scale_factor(item)
         except ValueError as err:
-            raise TuneError(f"{path}: {where}: {err}") from None
+            raise ExperimentError(f"{path}: {where}: {err}") from None
     return key
 
 
@@ -145,28 +144,29 @@ def load_grid(method: str, settings: TuneSettings, path: Path | None = None) -> 
     trials, trial 0 empty (the preset), no trial twice, no key set twice in a trial, no fixed key."""
     path = Path(path or grid_file(method))
     if not path.is_file():
-        raise TuneError(f"{path}: no grid for {method}: every method needs one (conf/tune/<method>.yaml)")
+        raise ExperimentError(f"{path}: no grid for {method}: every method needs one (conf/tune/<method>.yaml)")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise TuneError(f"{path}: not valid YAML ({err})") from None
+        raise ExperimentError(f"{path}: not valid YAML ({err})") from None
     if not isinstance(raw, dict) or set(raw) != {"trials"} or not isinstance(raw["trials"], list):
-        raise TuneError(f"{path}: expected a mapping with one key, `trials`: a list of override lists")
+        raise ExperimentError(f"{path}: expected a mapping with one key, `trials`: a list of override lists")
     trials = raw["trials"]
     if len(trials) != settings.trials:
-        raise TuneError(f"{path}: {len(trials)} trials, but the budget is {settings.trials} (conf/table/tune.yaml "
+        raise ExperimentError(f"{path}: {len(trials)} trials, but the budget is {settings.trials} "
+                              "(conf/table/tune.yaml "
                         "`trials`): every method gets the same number")
     if trials[0] != []:
-        raise TuneError(f"{path}: trials[0] must be [] (the untuned preset), got {trials[0]!r}")
+        raise ExperimentError(f"{path}: trials[0] must be [] (the untuned preset), got {trials[0]!r}")
     out: list[tuple[str, ...]] = []
     for i, trial in enumerate(trials):
         if not isinstance(trial, list):
-            raise TuneError(f"{path}: trials[{i}]: expected a list of overrides, got {trial!r}")
+            raise ExperimentError(f"{path}: trials[{i}]: expected a list of overrides, got {trial!r}")
         keys = [_check_item(path, f"trials[{i}][{j}]", item, settings.fixed) for j, item in enumerate(trial)]
         if len(set(keys)) != len(keys):
-            raise TuneError(f"{path}: trials[{i}]: a key is set twice ({keys})")
+            raise ExperimentError(f"{path}: trials[{i}]: a key is set twice ({keys})")
         if tuple(trial) in out:
-            raise TuneError(f"{path}: trials[{i}] repeats trials[{out.index(tuple(trial))}]")
+            raise ExperimentError(f"{path}: trials[{i}] repeats trials[{out.index(tuple(trial))}]")
         out.append(tuple(trial))
     return out
 
@@ -186,6 +186,6 @@ def concrete(trial: tuple[str, ...], base: dict) -> list[str]:
         key = item_key(item)
         value = finite(base.get(key))
         if value is None:
-            raise TuneError(f"{item!r}: {key} is {base.get(key)!r} in the composed config, not a number to scale")
+            raise ExperimentError(f"{item!r}: {key} is {base.get(key)!r} in the composed config, not a number to scale")
         out.append(f"{key}={value * scale_factor(item):.6g}")
     return out

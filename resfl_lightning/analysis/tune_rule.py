@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from resfl_lightning.config.tuned import override_key
+from resfl_lightning.values import finite
 
 TIE_TOLERANCE = 1e-12
 THEN = "; then "  # joins the selections a tuned file's selected_by lists
@@ -51,12 +52,8 @@ class Selection:
     reference: Reference | None = None  # the fairness constraint's (None: unconstrained, or no reference)
 
 
-def _finite(v: float | None) -> bool:
-    return v is not None and math.isfinite(v)
-
-
 def _missing(values: dict[int, float | None], seeds: Sequence[int]) -> list[int]:
-    return [s for s in seeds if not _finite(values.get(s))]
+    return [s for s in seeds if finite(values.get(s)) is None]
 
 
 def mean_over(values: dict[int, float | None], seeds: Sequence[int]) -> float:
@@ -66,13 +63,13 @@ def mean_over(values: dict[int, float | None], seeds: Sequence[int]) -> float:
 
 def learned_seeds(trial: TrialValues, seeds: Sequence[int]) -> list[int]:
     """The seeds where the trial has a utility value at or above the floor."""
-    return [s for s in seeds if _finite(trial.utility.get(s)) and trial.below_floor.get(s) is None]
+    return [s for s in seeds if finite(trial.utility.get(s)) is not None and trial.below_floor.get(s) is None]
 
 
 def learned_floor(reference_utility: float | None, trivial: float | None, fraction: float) -> float | None:
     """Rule version 3's floor on one seed: the constant prediction's utility plus `fraction` of the reference preset's
     gain over it; None where the reference has no value or no gain there (the table's floor alone applies)."""
-    if not (_finite(reference_utility) and _finite(trivial)) or reference_utility <= trivial:
+    if not (finite(reference_utility) is not None and finite(trivial) is not None) or reference_utility <= trivial:
         return None
     return trivial + fraction * (reference_utility - trivial)
 
@@ -86,7 +83,7 @@ def with_learned_floor(trial: TrialValues, reference: TrialValues, fraction: flo
     for s, u in trial.utility.items():
         trivial = trial.trivial.get(s)
         floor = learned_floor(reference.utility.get(s), trivial, fraction)
-        if below.get(s) is not None or floor is None or not _finite(u):
+        if below.get(s) is not None or floor is None or finite(u) is None:
             continue
         gain = reference.utility[s] - trivial
         if u - trivial < fraction * gain - TIE_TOLERANCE:
@@ -102,7 +99,8 @@ def fairness_reference(preset: TrialValues, seeds: Sequence[int],
     for label, trial in (("trial 0", preset), (fallback_label(fallback), fallback)):
         if trial is None:
             continue
-        values = {s: trial.fairness[s] for s in learned_seeds(trial, seeds) if _finite(trial.fairness.get(s))}
+        values = {s: trial.fairness[s] for s in learned_seeds(trial, seeds)
+                  if finite(trial.fairness.get(s)) is not None}
         if values:
             return Reference(label, values)
     return None
@@ -115,7 +113,8 @@ def fallback_label(fallback: TrialValues | None) -> str:
 def fairness_increase(trial: TrialValues, reference: Reference) -> float:
     """Mean over the reference's seeds of (trial - reference), paired by seed (NaN if the trial misses one)."""
     seeds = sorted(reference.fairness)
-    return mean_over({s: trial.fairness[s] - reference.fairness[s] for s in seeds if _finite(trial.fairness.get(s))},
+    return mean_over({s: trial.fairness[s] - reference.fairness[s] for s in seeds
+                      if finite(trial.fairness.get(s)) is not None},
                      seeds)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.analysis.provenance import write_results
 from resfl_lightning.analysis.robustness import CLEAN, Cell, grid_cells, load_grid, run_dir_for, select, train_overrides
 
@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.commit:
         title += f" (tree copied from commit {args.commit})"
     writer = "python -m resfl_lightning.benchmarks.device_check"
-    path = write_results(args.out / "device_check.md", report(outcomes, args.rounds, title),
-                         f"{writer} {shlex.join(sys.argv[1:] if argv is None else argv)}", time.perf_counter() - t0,
-                         writer=writer)
+    command = f"{writer} {portable_command(sys.argv[1:] if argv is None else argv)}"
+    path = write_results(args.out / "device_check.md", report(outcomes, args.rounds, title), command,
+                         time.perf_counter() - t0, writer=writer)
     print(path.read_text())
     return 0 if all(o.passed(args.rounds) for o in outcomes) else 1
 

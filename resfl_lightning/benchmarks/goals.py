@@ -1,4 +1,5 @@
-"""The goal cell `resfl bench` prints beside a measurement (issue 27's targets): one wording for every table."""
+"""The goal cell `resfl bench` prints beside a measurement (the speed goals of docs/performance.md): one wording for
+every table."""
 
 from __future__ import annotations
 

@@ -29,8 +29,10 @@ from resfl_lightning.benchmarks.goals import goal_verdict
 
 OUT_ENV, T0_ENV, PLAIN_ENV = "RESFL_BENCH_ROUND_OUT", "RESFL_BENCH_ROUND_T0", "RESFL_BENCH_ROUND_PLAIN"
 CHILD_MODULE = "resfl_lightning.cli.bench_round_child"  # instrumented_run around the train entry point
-OVERHEAD_TARGET, SPEEDUP_TARGET = 1.03, 1.8  # issue 27's round-overhead goal; DEVICES=2 speed-up
-FIRST_STEP_TARGET_S, IMPORTS_TARGET_S = 2.5, 1.5  # issue 27's startup goals, in seconds
+# The speed goals of docs/performance.md: a FedAvg round at most 3 % slower than a plain PyTorch loop over the same
+# batches, DEVICES=2 at least 1.8x as fast as DEVICES=1; the first local step and its imports within these seconds
+OVERHEAD_TARGET, SPEEDUP_TARGET = 1.03, 1.8
+FIRST_STEP_TARGET_S, IMPORTS_TARGET_S = 2.5, 1.5
 
 # Row labels of the printed table (tests/unit/benchmarks/test_bench.py looks them up).
 ROW_WALL = "round wall time, DEVICES=1"

@@ -33,7 +33,8 @@ CHEAP_ROI = ("resfl, cheap ROI pooling (roi_bins=1, roi_samples=2)", AdversarySe
 SEPARABLE = AdversarySettings(roi_impl="separable")
 SEPARABLE_ROWS = {"resfl (task+adv+unc)": "resfl, separable ROI mean (adversary_roi_impl=separable)",
                   "resfl + curvfed (lambda_curv=0.1)": "resfl + curvfed, separable ROI mean"}
-# issue 27's goals for a step's ratio to FedAvg's: the paper's < 8 % for RESFL, 1.5x with the curvature term
+# docs/performance.md's goals for a step's ratio to FedAvg's: the RESFL paper's < 8 % overhead for RESFL, 1.5x with
+# the curvature term
 STEP_GOALS = {"resfl (task+adv+unc)": 1.08, "resfl + curvfed (lambda_curv=0.1)": 1.5}
 
 

@@ -14,10 +14,10 @@ and Student-t interval over the seeds, beside z, q, steps, C, delta, spent epsil
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
 
 
@@ -35,13 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.seeds is not None and args.seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
-    from resfl_lightning.analysis.dp_curve import CurveError, run_dp_curve
+    from resfl_lightning.analysis.dp_curve import run_dp_curve
+    from resfl_lightning.analysis.experiment import ExperimentError
 
     seeds = None if args.seeds is None else list(range(args.seeds))
     try:
         path = run_dp_curve(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out, args.results,
-                            args.grid, seeds, shlex.join(["resfl", "dp-curve", *argv]))
-    except CurveError as err:
+                            args.grid, seeds, portable_command(["resfl", "dp-curve", *argv]))
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     print(path.read_text())
     return 0

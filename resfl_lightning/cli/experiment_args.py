@@ -33,10 +33,15 @@ def add_run_options(p: argparse.ArgumentParser, out_help: str, results_help: str
 def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """The parsed options, with the counts checked (exit with the option's name)."""
     from resfl_lightning.analysis import run_ledger, runner
+    from resfl_lightning.analysis.experiment import ExperimentError, refuse_dirty_publish
 
     args = p.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        refuse_dirty_publish(getattr(args, "results", None))  # before hours of runs, not after them
+    except ExperimentError as err:
+        raise SystemExit(str(err)) from None
     run_ledger.use(getattr(args, "ledger", None))  # reset on every parse: one command, one ledger
     try:
         runner.stop_starting_after(getattr(args, "stop_starting_after", None))  # likewise one deadline a command

@@ -11,10 +11,10 @@ with the command, commit, date, machine and wall time."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
 
 
@@ -33,9 +33,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.frontier import FrontierError, run_confirmation, run_frontier
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.frontier import run_confirmation, run_frontier
 
-    command = shlex.join(["resfl", "frontier", *argv])
+    command = portable_command(["resfl", "frontier", *argv])
     if args.point is not None and not args.confirm:
         raise SystemExit("--point names the point to confirm: use it with --confirm")
     try:
@@ -48,6 +49,6 @@ def main(argv: list[str] | None = None) -> int:
                                           args.results, args.grid, command)
             print((out / "frontier.md").read_text())
             print(selection.reason)
-    except FrontierError as err:
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     return 0

@@ -12,10 +12,10 @@ analysis/client_check.py) and exits 1 if conf/table/robustness.yaml disagrees wi
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
 
 
@@ -33,7 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.robustness import RobustnessError, make_robustness_table
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.robustness import make_robustness_table
 
     tags = ["robustness", args.dataset, args.scenario, *([args.subset] if args.subset else [])]
     if args.check_clients:
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = make_robustness_table(args.dataset, args.scenario, args.subset, args.seeds, args.jobs, out,
                                     list(args.overrides), args.results,
-                                    command=shlex.join(["resfl", "robustness", *argv]))
-    except RobustnessError as err:
+                                    command=portable_command(["resfl", "robustness", *argv]))
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     print((out / "robustness.md").read_text())
     return 0
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_clients(args: argparse.Namespace, argv: list[str], tags: list[str]) -> int:
     from resfl_lightning.analysis.client_check import make_client_check
-    from resfl_lightning.analysis.robustness import RobustnessError
+    from resfl_lightning.analysis.experiment import ExperimentError
 
     if args.subset is None:
         raise SystemExit("--check-clients needs --subset (the subset whose client_check to run)")
@@ -59,8 +60,8 @@ def _check_clients(args: argparse.Namespace, argv: list[str], tags: list[str]) -
     try:
         out, outcome, configured = make_client_check(args.dataset, args.scenario, args.subset, args.jobs, out,
                                                      list(args.overrides), args.results,
-                                                     command=shlex.join(["resfl", "robustness", *argv]))
-    except RobustnessError as err:
+                                                     command=portable_command(["resfl", "robustness", *argv]))
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     print((out / "client_check.md").read_text())
     return 0 if outcome.clients == configured else 1

@@ -10,10 +10,10 @@ machine and wall time."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
 
 
@@ -36,15 +36,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.table import TableError, make_table
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.table import make_table
 
     methods = comma_list(args.methods)
     t0 = time.perf_counter()
     try:
         out = make_table(args.dataset, args.scenario, methods, args.seeds, args.robustness, args.jobs, args.out,
                          list(args.overrides), wandb=args.wandb, results=args.results,
-                         command=shlex.join(["resfl", "table", *argv]), primary_seeds=args.primary_seeds)
-    except TableError as err:
+                         command=portable_command(["resfl", "table", *argv]), primary_seeds=args.primary_seeds)
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     print((out / "table.md").read_text())
     if args.results is not None:

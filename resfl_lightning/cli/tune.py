@@ -14,10 +14,10 @@ docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
+from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
 
 
@@ -40,8 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    from resfl_lightning.analysis.experiment import ExperimentError
     from resfl_lightning.analysis.tune import run_tune
-    from resfl_lightning.analysis.tune_grid import TuneError
 
     methods = comma_list(args.methods)
     try:
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run_tune(args.dataset, args.scenario, methods, list(args.overrides), args.jobs, seeds=seeds,
                        trials=args.trials, out=args.out, results=args.results, tuned_dir=args.tuned_dir,
-                       command=shlex.join(["resfl", "tune", *argv]))
-    except TuneError as err:
+                       command=portable_command(["resfl", "tune", *argv]))
+    except ExperimentError as err:
         raise SystemExit(str(err)) from None
     print((out / "tune.md").read_text())
     return 0

@@ -1,7 +1,7 @@
 """Reader for FACET (Meta AI, Gustafson et al. 2023) exactly as Meta ships it; no conversion step.
 
 Layout under the root (argument, or env var FACET_ROOT as a fallback):
-    annotations/annotations.csv     one row per person (see /work/shared/data/facet-format.md)
+    annotations/annotations.csv     one row per person (columns: FACET's annotations/README.txt; those read here below)
     annotations/coco_boxes.json     optional; when present, image sizes are cross-checked against it
     imgs_1/ imgs_2/ imgs_3/         sa_<n>.jpg
 

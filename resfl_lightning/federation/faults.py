@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from resfl_lightning.types import ClientReport
+from resfl_lightning.values import finite
 
 FAULTS = ("raise", "nan_loss", "nan_update", "bad_report", "bad_stats")
 
@@ -37,10 +38,6 @@ def warn_dropped(client_id: int, round_idx: int, reason: str) -> None:
                   ClientDroppedWarning, stacklevel=2)
 
 
-def _finite(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-
-
 def check_update(report, delta: torch.Tensor, score: float | None, client_id: int, round_idx: int,
                  validated: bool = True) -> None:
     """Raise ClientFault (naming client, round and field) unless the report and update can be aggregated.
@@ -58,13 +55,13 @@ def check_update(report, delta: torch.Tensor, score: float | None, client_id: in
             or report.num_samples <= 0:
         raise ClientFault(f"{where}: report field num_samples={report.num_samples!r} is not a positive count")
     for key in ("u", "val_utility", "val_utility50", "eval_loss") if validated else ():
-        if not _finite(getattr(report, key)):
+        if finite(getattr(report, key)) is None:
             raise ClientFault(f"{where}: report field {key}={getattr(report, key)!r} is not a finite number")
-    bad = [k for k, v in report.train_losses.items() if not _finite(v)]
+    bad = [k for k, v in report.train_losses.items() if finite(v) is None]
     if bad:
         raise ClientFault(f"{where}: non-finite training loss {bad[0]}={report.train_losses[bad[0]]!r}")
     # -inf is a weight of exactly 0 (FairFed), not a fault
-    if score is not None and not (_finite(score) or score == -math.inf):
+    if score is not None and not (finite(score) is not None or score == -math.inf):
         raise ClientFault(f"{where}: aggregation score {score!r} is not finite")
     if not torch.isfinite(delta).all():
         raise ClientFault(f"{where}: update has {int((~torch.isfinite(delta)).sum())} non-finite values")

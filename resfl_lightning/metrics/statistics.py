@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from resfl_lightning.values import finite
+
 SeedValues = Mapping[int, "float | None"]
-
-
-def _finite(v) -> bool:
-    return v is not None and isinstance(v, (int, float, np.floating)) and math.isfinite(float(v))
 
 
 def common_seeds(*series: SeedValues) -> list[int]:
@@ -27,7 +25,7 @@ def common_seeds(*series: SeedValues) -> list[int]:
     seeds = set(series[0])
     for s in series[1:]:
         seeds &= set(s)
-    return sorted(k for k in seeds if all(_finite(s[k]) for s in series))
+    return sorted(k for k in seeds if all(finite(s[k]) is not None for s in series))
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
     Zero spread (float noise of identical values) gives the point interval and p = 0 (mean ≠ 0) or 1 (mean = 0): the
     t statistic is infinite or undefined there, and scipy would return NaN.
     """
-    x = np.asarray([float(v) for v in values if _finite(v)], dtype=float)
+    x = np.asarray([float(v) for v in values if finite(v) is not None], dtype=float)
     n = int(x.size)
     if n < 2:
         mean = float(x.mean()) if n else math.nan
@@ -120,7 +118,7 @@ def paired_power(d_z: float, n: int, alpha: float = 0.05) -> float:
 def seeds_for_power(d_z: float, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000) -> int | None:
     """Smallest n >= 2 whose paired t-test reaches `power` at effect d_z (exact, noncentral t); None when d_z is 0 or
     undefined, or more than max_n seeds would be needed."""
-    if not _finite(d_z) or d_z == 0:
+    if finite(d_z) is None or d_z == 0:
         return None
     if not 0 < power < 1 or not 0 < alpha < 1:
         raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
@@ -142,7 +140,7 @@ def seeds_for_power_normal(d_z: float, power: float = 0.8, alpha: float = 0.05) 
     """Normal approximation n ≈ (z_{1-α/2} + z_power)²/d_z² + z_{1-α/2}²/2.
 
     docs/method.md §11: 7.85/d_z² + 1.92 at 80 % power and α = 5 %."""
-    if not _finite(d_z) or d_z == 0:
+    if finite(d_z) is None or d_z == 0:
         return math.inf
     za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
     return float((za + zb) ** 2 / d_z ** 2 + za ** 2 / 2)
@@ -211,7 +209,7 @@ def verdict(low: float, high: float, n: int, paper_effect: float | None, directi
     """
     if direction not in (-1, 1):
         raise ValueError(f"direction must be -1 or +1, got {direction}")
-    if n < 2 or not (_finite(low) and _finite(high)):
+    if n < 2 or finite(low) is None or finite(high) is None:
         return "not testable"
     if paper_effect is not None and (paper_effect == 0 or math.copysign(1, paper_effect) != direction):
         raise ValueError(f"paper_effect {paper_effect} does not have the claimed direction {direction:+d}")
@@ -247,9 +245,9 @@ def below_utility_floor(summary: Mapping[str, object], map50_floor: float = 0.05
     """
     name = "" if split == "test" else f"{split} "  # the table's wording unchanged
     map50 = summary.get(f"{split}/map_50")
-    if _finite(map50):
+    if finite(map50) is not None:
         return f"{name}mAP@50 {float(map50):.3f} < {map50_floor}" if float(map50) < map50_floor else None
     acc, majority = summary.get(f"{split}/accuracy"), summary.get(f"{split}/majority_class_rate")
-    if _finite(acc) and _finite(majority) and float(acc) <= float(majority):
+    if finite(acc) is not None and finite(majority) is not None and float(acc) <= float(majority):
         return f"{name}accuracy {float(acc):.3f} <= majority-class rate {float(majority):.3f}"
     return None

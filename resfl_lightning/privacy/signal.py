@@ -1,4 +1,4 @@
-"""The noise-to-signal ratio of a DP-SGD step (docs/method.md §5 "DP-SGD"; SPEC A5).
+"""The noise-to-signal ratio of a DP-SGD step (docs/method.md §5 "DP-SGD", §5a "DP baselines").
 
 A step is g_hat = g_c + N(0, z^2 C^2 I) / B with g_c = (1/B) sum_i clip_C(g_i), B the expected batch size. The noise
 along the direction of g_c has standard deviation zC/B, so NSR = zC / (B ||g_c||) compares it with the signal g_c

@@ -1,5 +1,6 @@
-"""Issue 11 on the real entry point, 1 and 2 processes (gloo): client faults are survived, a sampled round leaves a
-rank idle without breaking the collectives, and a killed rank stops the run with a message and resumes."""
+"""Fault tolerance and partial participation on the real entry point, 1 and 2 processes (gloo): client faults are
+survived, a sampled round leaves a rank idle without breaking the collectives, and a killed rank stops the run with a
+message and resumes."""
 
 from __future__ import annotations
 

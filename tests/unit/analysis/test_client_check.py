@@ -11,7 +11,8 @@ import pytest
 from resfl_lightning import cli
 from resfl_lightning.analysis import client_check
 from resfl_lightning.analysis.client_check import check_rule, decide_clients, make_client_check
-from resfl_lightning.analysis.robustness import RobustnessError, load_grid
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.robustness import load_grid
 
 RULE = {"seed": 123, "clients": [4, 5, 10], "metric": "test/map_50", "reference": 4, "candidate": 5, "fallback": 4,
         "min_ratio": 0.5}
@@ -30,10 +31,10 @@ def test_the_detection_subset_declares_the_amendments_rule_on_a_seed_outside_the
     rule = check_rule(grid, "detection")
     assert rule == RULE
     assert rule["seed"] not in range(grid["seeds"])
-    with pytest.raises(RobustnessError, match="has no client_check"):
+    with pytest.raises(ExperimentError, match="has no client_check"):
         check_rule(grid, "core")
     grid["subsets"]["detection"]["client_check"] = {**RULE, "candidate": 6}
-    with pytest.raises(RobustnessError, match="candidate 6 is not among clients"):
+    with pytest.raises(ExperimentError, match="candidate 6 is not among clients"):
         check_rule(grid, "detection")
 
 

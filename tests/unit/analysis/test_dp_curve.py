@@ -14,8 +14,8 @@ from scipy import stats
 from resfl_lightning.analysis import dp_curve
 from resfl_lightning.analysis.dp_accounting import DP_KEYS, run_values
 from resfl_lightning.analysis.dp_curve import (
-    CurveError,
     CurvePoint,
+    ExperimentError,
     curve_markdown,
     curve_points,
     load_grid,
@@ -60,7 +60,7 @@ def test_the_registered_grid():
 def test_grid_errors_name_the_file_and_key(tmp_path: Path, change, key):
     path = tmp_path / "grid.yaml"
     path.write_text(GOOD.replace(*change))
-    with pytest.raises(CurveError) as err:
+    with pytest.raises(ExperimentError) as err:
         load_grid(path)
     assert str(err.value).startswith(f"{path}: ") and key in str(err.value)
 

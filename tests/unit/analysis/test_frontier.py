@@ -76,10 +76,11 @@ def test_the_registered_grid():
 def test_a_dataset_tunes_on_its_declared_seeds(tmp_path: Path):
     import yaml
 
-    from resfl_lightning.analysis.frontier import FrontierError, grid_file
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.frontier import grid_file
 
     grid = load_grid()
-    assert grid.for_dataset("synthetic").tuning_seeds == [100, 101, 102]  # issue 28 item 5: 3 tuning seeds
+    assert grid.for_dataset("synthetic").tuning_seeds == [100, 101, 102]  # 3 tuning seeds: a detection run is slow
     assert grid.for_dataset("adult").tuning_seeds == list(range(100, 105))
     assert grid.for_dataset("synthetic").confirmation_seeds == grid.confirmation_seeds
     raw = yaml.safe_load(grid_file().read_text())
@@ -87,7 +88,7 @@ def test_a_dataset_tunes_on_its_declared_seeds(tmp_path: Path):
         raw["tuning_seeds_by_dataset"] = {"facet": bad}
         path = tmp_path / "frontier.yaml"
         path.write_text(yaml.safe_dump(raw))
-        with pytest.raises(FrontierError, match="tuning_seeds_by_dataset entry"):
+        with pytest.raises(ExperimentError, match="tuning_seeds_by_dataset entry"):
             load_grid(path)
 
 
@@ -207,14 +208,15 @@ def test_keeping_the_default_is_judged_on_the_utility_floor_only():
 
 
 def test_a_named_point_must_be_on_the_grid(tmp_path: Path):
-    from resfl_lightning.analysis.frontier import FrontierError, Point, parse_point
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.frontier import Point, parse_point
     from resfl_lightning.cli.frontier import main
 
     grid = load_grid()
     assert parse_point("weak,0.1", grid) == Point("weak", 0.1)
     assert parse_point("strong, 1", grid) == Point("strong", 1.0)
     for bad in ("weak,0.2", "medium,0.1", "weak"):
-        with pytest.raises(FrontierError, match="--point"):
+        with pytest.raises(ExperimentError, match="--point"):
             parse_point(bad, grid)
     with pytest.raises(SystemExit, match="use it with --confirm"):
         main(["--point", "weak,0.1", "--out", str(tmp_path)])

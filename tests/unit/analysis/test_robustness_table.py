@@ -13,7 +13,7 @@ from scipy import stats
 from resfl_lightning.analysis.robustness import (
     CLEAN,
     Cell,
-    RobustnessError,
+    ExperimentError,
     ba_ad,
     cell_overrides,
     cell_results,
@@ -58,7 +58,7 @@ def test_cell_overrides_put_the_attack_and_f_into_the_rule():
 
 
 def test_unknown_subset_is_named():
-    with pytest.raises(RobustnessError, match="nope"):
+    with pytest.raises(ExperimentError, match="nope"):
         select(load_grid(), "nope")
     core = select(load_grid(), "core")
     assert set(core["defences"]) >= {"fedavg", "resfl_robust"} and core["fractions"] == [0.1, 0.2]
@@ -78,7 +78,7 @@ def test_the_n4_subset_is_the_protocols_four_clients_with_one_attacker():
     assert "aggregation.beta=0.25" in overrides  # trimmed mean told f / n = 1 / 4
     grid["fractions"] = [0.1]  # round(0.4) = 0 attackers: refused, not run as a clean cell
     grid["subsets"] = {"tiny": {"clients": 4, "fractions": [0.1]}}
-    with pytest.raises(RobustnessError, match="no attacker among 4 clients"):
+    with pytest.raises(ExperimentError, match="no attacker among 4 clients"):
         select(grid, "tiny")
 
 
@@ -254,7 +254,7 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
     cells |= {Cell("resfl", "sign_flip", r, 0.2) for r in grid["report_modes"]}
     cells |= {Cell(d, "alie", "honest", 0.2) for d in ("krum", "bulyan", "trimmed_mean")}  # {f}, {trim_beta}
     for cell in sorted(cells, key=lambda c: c.name):
-        cfg = load_config(composed_settings(train_overrides("adult", "iid", grid, cell, 0, Path("/tmp/unused"), [])))
+        cfg = load_config(composed_settings(train_overrides("adult", "iid", grid, cell, 0, Path("runs/unused"), [])))
         assert cfg.dataset.num_clients == 10, cell
         kind = "poisoning" if cell.attack == "poisoning" else "byzantine"
         assert cfg.attack[kind].fraction == cell.fraction, cell
@@ -300,3 +300,101 @@ def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
     runs = len(list((tmp_path / "out").glob("*/table_wall_s.json")))
     assert runs > 10
     assert f"the runs' own wall times sum to {2.5 * runs:.0f} s" in results.read_text().split("\n## ")[0]
+
+
+def test_a_pair_may_differ_in_the_attack_and_the_assumed_f_only():
+    from resfl_lightning.analysis.robustness import assumed_f_keys, pair_mismatch
+
+    grid = load_grid()
+    assert assumed_f_keys(grid, "krum") == {"aggregation.f"} and assumed_f_keys(grid, "fedavg") == set()
+    clean = {"seed": 0, "run_dir": "runs/a", "optim": {"lr": 0.03}, "aggregation": {"f": 0},
+             "attack": {"byzantine": {"fraction": 0.0}}}
+    attacked = {"seed": 0, "run_dir": "runs/b", "optim": {"lr": 0.03}, "aggregation": {"f": 2},
+                "attack": {"byzantine": {"fraction": 0.2, "report": "lie"}}}
+    assert pair_mismatch(clean, attacked, {"aggregation.f"}) == []
+    assert pair_mismatch(clean, attacked, set()) == ["aggregation.f: 0 -> 2"]
+    retuned = {**attacked, "optim": {"lr": 0.01}}
+    assert pair_mismatch(clean, retuned, {"aggregation.f"}) == ["optim.lr: 0.03 -> 0.01"]
+
+
+def _fake_grid_runs(out: Path, grid: dict, lr_of) -> None:
+    import yaml
+
+    for cell in grid_cells(grid):
+        run = out / f"{cell.name}-s0"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "summary.json").write_text(json.dumps({"test/accuracy": 0.8}))
+        (run / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "optim": {"lr": lr_of(cell)},
+                                                         "attack": {"name": cell.attack}}))
+
+
+def test_an_attacked_run_trained_with_other_settings_than_its_clean_run_is_named(tmp_path):
+    """88 attacked runs of the Adult IID grid were trained at lr 0.01 while their clean partners ran at 0.03 (a
+    re-tune between them); reading the grid must refuse them, naming each."""
+    from resfl_lightning.analysis.robustness import unpaired_runs
+
+    grid = select(load_grid(), "core")
+    cells = grid_cells(grid)
+    _fake_grid_runs(tmp_path, grid, lambda c: 0.03)
+    assert unpaired_runs(grid, cells, [0], tmp_path) == []
+    _fake_grid_runs(tmp_path, grid, lambda c: 0.01 if c.defence == "resfl_robust" and c.attack == "ipm" else 0.03)
+    lines = unpaired_runs(grid, cells, [0], tmp_path)
+    assert lines and all(line.startswith("resfl_robust-ipm-") and "optim.lr: 0.03 -> 0.01" in line for line in lines)
+    assert len(lines) == sum(c.defence == "resfl_robust" and c.attack == "ipm" for c in cells)
+
+
+def test_every_attacked_cell_of_the_grid_composes_to_its_clean_run_but_the_attack():
+    from resfl_lightning.analysis.robustness import train_overrides, unpaired_cells
+    from resfl_lightning.analysis.run_settings import composed_settings
+
+    grid = select(load_grid(), "core")
+    assert unpaired_cells(grid, grid_cells(grid), lambda c: composed_settings(
+        train_overrides("adult", "iid", grid, c, 0, Path("runs/x"), []))) == []
+
+
+def test_a_failed_run_fails_the_grid_after_its_files_are_written(tmp_path, monkeypatch):
+    """`resfl robustness` once printed its failures and exited 0."""
+    from resfl_lightning.analysis import robustness, run_ledger
+
+    run_ledger.use(None)
+    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: ["run x failed (1); see x/table_train.log"])
+    with pytest.raises(ExperimentError, match="runs failed"):
+        robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+    assert (tmp_path / "out" / "robustness.md").is_file()
+
+
+def test_a_finished_run_with_other_settings_is_refused_before_training(tmp_path, monkeypatch):
+    from resfl_lightning.analysis import robustness, run_ledger
+
+    run_ledger.use(None)
+    grid = select(load_grid(), "core")
+    cell = grid_cells(grid)[0]
+    run = robustness.run_dir_for(tmp_path / "out", cell, 0)
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\noptim:\n  lr: 7.0\n")
+    (run / "summary.json").write_text("{}")
+    (run / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
+    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: pytest.fail("trained despite a stale run"))
+    with pytest.raises(ExperimentError, match="trained with other settings"):
+        robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+
+
+def test_a_criterion_whose_interval_straddles_its_bound_is_not_decided():
+    """The IID grid once FAILED criterion 4 on a point of +0.051 whose interval [-0.041, +0.142] held the bound."""
+    from resfl_lightning.analysis.robustness import all_of, at_least, at_most
+    from resfl_lightning.metrics.statistics import t_test
+
+    straddling = t_test([-0.04, 0.05, 0.14])
+    assert straddling.low < 0.02 < straddling.high
+    assert at_most(straddling, 0.02) is None and at_least(straddling, 0.02) is None
+    assert at_most(t_test([0.05, 0.051, 0.049]), 0.02) is False and at_most(t_test([0.0, 0.01, 0.005]), 0.02) is True
+    assert at_most(t_test([0.5]), 0.02) is None  # one seed: no interval
+    assert all_of([True, None]) is None and all_of([True, False, None]) is False and all_of([True, True]) is True
+    table = _decision_case(robust_lie=[0.83, 0.82, 0.84])
+    table[("resfl_robust", "sign_flip", "honest", 0.2)] = [0.84, 0.70, 0.85]  # noisy: its EOD varies by seed
+    cells = [Cell(*k) for k in table]
+    values = _values(table)
+    for seed, eod in enumerate([-0.04, 0.05, 0.14]):
+        values[(Cell("resfl_robust", "sign_flip", "honest", 0.2), seed)]["eod"] = eod
+    eod_criterion = decide(cell_results(values, cells, [0, 1, 2]), _grid())[3]
+    assert eod_criterion.passed is None and "[" in eod_criterion.detail

@@ -32,8 +32,6 @@ def test_a_recorded_run_is_restored_on_another_machine(tmp_path: Path, monkeypat
     ledger = Ledger(tmp_path / "ledger")
     made = finished(tmp_path / "machine1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
     ledger.record(made, [*OVERRIDES, f"run_dir={made}"])
-    # same composition inputs and overrides: restored without composing (which would fail here)
-    monkeypatch.setattr("resfl_lightning.analysis.run_settings.saved_config_mismatch", _no_composing)
     (chunk,) = (tmp_path / "ledger" / "exp").glob("*.jsonl.gz")
     entry = json.loads(gzip.open(chunk, "rt").readline())
     assert entry["run"] == "fedavg-s3" and entry["commit"] and entry["machine"] and entry["date"]
@@ -78,63 +76,43 @@ def test_the_header_names_the_commits_of_runs_recorded_by_earlier_commands_here(
     assert "2026-11-26 to 2026-11-27 at commits (runs) aaaaaaaaaaaa (1), bbbbbbbbbbbb (1)" in line
 
 
-def _no_composing(*_):
-    raise AssertionError("composed although the fingerprint and overrides matched")
-
-
-def test_after_a_conf_change_a_run_is_restored_only_if_it_still_composes_the_same(tmp_path: Path, monkeypatch):
-    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
-    Ledger(tmp_path / "ledger").record(made, OVERRIDES)
-    monkeypatch.setattr(run_ledger, "composition_fingerprint", lambda: "conf changed since")
+def test_a_run_recorded_after_a_settings_change_is_checked_against_what_it_was_trained_with(tmp_path: Path):
+    """The ledger once stamped a fingerprint of conf/ when a run was recorded, not when it was trained, and skipped
+    the check when the stamp matched: a run trained before a tuned file changed, recorded after it, was reused. Now
+    the saved config (written when the run started) is compared whatever the entry says."""
+    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", [*OVERRIDES, "optim.lr=0.5"], 0.84)  # trained so
+    Ledger(tmp_path / "ledger").record(made, OVERRIDES)  # recorded under today's overrides
     target = tmp_path / "m2" / "exp" / "fedavg-s3"
     fresh = Ledger(tmp_path / "ledger")
-    fresh.sync([(target, [*OVERRIDES, f"run_dir={target}"])], lambda _: None)
-    assert is_finished(target) and len(fresh.restored) == 1  # composed: still the same settings
+    lines: list[str] = []
+    fresh.sync([(target, [*OVERRIDES, f"run_dir={target}"])], lines.append)
+    assert not is_finished(target) and not fresh.restored
+    assert "optim.lr: 0.5 ->" in lines[0]
 
 
-def test_the_fingerprint_follows_the_conf_files(tmp_path: Path, monkeypatch):
-    import shutil
-
-    from resfl_lightning.resources import conf_dir
-
-    copy = tmp_path / "conf"
-    shutil.copytree(conf_dir(), copy)
-    monkeypatch.setattr("resfl_lightning.resources.conf_dir", lambda: copy)
-    run_ledger.composition_fingerprint.cache_clear()
-    try:
-        before = run_ledger.composition_fingerprint()
-        (copy / "train.yaml").write_text((copy / "train.yaml").read_text() + "\n#\n")
-        run_ledger.composition_fingerprint.cache_clear()
-        assert run_ledger.composition_fingerprint() != before
-    finally:
-        run_ledger.composition_fingerprint.cache_clear()
+def test_a_run_recorded_from_a_dirty_tree_is_marked_in_the_header(tmp_path: Path, monkeypatch):
+    made = finished(tmp_path / "m1" / "exp" / "fedavg-s3", OVERRIDES, 0.84)
+    monkeypatch.setattr("resfl_lightning.analysis.checkout.git_commit",
+                        lambda: "c" * 40 + " (with uncommitted changes)")
+    ledger = Ledger(tmp_path / "ledger")
+    ledger.record(made, OVERRIDES)
+    ledger.sync([(made, OVERRIDES)], lambda _: None)
+    line = ledger.provenance()
+    assert "cccccccccccc+dirty (1)" in line and "1 of them were recorded from a tree with uncommitted changes" in line
+    assert run_ledger.summarise(tmp_path / "ledger")[0].commits == ("cccccccccccc+dirty",)
 
 
-def test_the_fingerprint_skips_only_folders_no_run_composes(tmp_path: Path, monkeypatch):
-    import shutil
+def test_a_composed_cell_gives_each_seed_what_composing_it_alone_gives():
+    """Composition is cached per grid cell with seed and run_dir set afterwards; the result must equal composing
+    the run's own overrides (run_name interpolates the seed)."""
+    from resfl_lightning.analysis import run_settings
 
-    from resfl_lightning.analysis.run_settings import composed_settings
-    from resfl_lightning.resources import conf_dir
-
-    overrides = ["dataset=adult", "algorithm=resfl_robust", "experiment=table_synthetic", "logger=none"]
-    reference = composed_settings(overrides)
-    copy = tmp_path / "conf"
-    shutil.copytree(conf_dir(), copy)
-    monkeypatch.setattr("resfl_lightning.resources.conf_dir", lambda: copy)
-    monkeypatch.setattr("resfl_lightning.analysis.run_settings.conf_dir", lambda: copy)
-    run_ledger.composition_fingerprint.cache_clear()
-    try:
-        before = run_ledger.composition_fingerprint()
-        for folder in run_ledger.NOT_COMPOSED:
-            shutil.rmtree(copy / folder)
-        assert composed_settings(overrides) == reference  # a run composes without them
-        run_ledger.composition_fingerprint.cache_clear()
-        assert run_ledger.composition_fingerprint() == before
-        (copy / "algorithm" / "fedavg.yaml").write_text((copy / "algorithm" / "fedavg.yaml").read_text() + "\n#\n")
-        run_ledger.composition_fingerprint.cache_clear()
-        assert run_ledger.composition_fingerprint() != before
-    finally:
-        run_ledger.composition_fingerprint.cache_clear()
+    base = ["dataset=adult", "algorithm=resfl", "logger=none"]
+    run_settings.composed_settings([*base, "seed=0", "run_dir=runs/x-s0"])  # fills the cache
+    cached = run_settings.composed_settings([*base, "seed=7", "run_dir=runs/x-s7"])
+    run_settings.clear_composed()
+    alone = run_settings.composed_settings([*base, "seed=7", "run_dir=runs/x-s7"])
+    assert cached == alone and cached["seed"] == 7 and cached["run_name"].endswith("-s7")
 
 
 def test_a_run_made_with_other_settings_is_not_restored(tmp_path: Path):

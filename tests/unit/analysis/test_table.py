@@ -271,10 +271,10 @@ def test_every_algorithm_preset_is_a_row_placed_by_its_own_file(tmp_path: Path, 
     monkeypatch.setattr(table, "conf_dir", lambda: tmp_path)
     assert table.algorithm_presets() == ["fedavg", "zeta", "alpha"]  # the files' order, not the alphabet
     (algo / "mine.yaml").write_text("defaults: [fedavg, _self_]\nname: mine\n")  # inherits, sets none itself
-    with pytest.raises(table.TableError, match=r"mine\.yaml: table_order: .*got None"):
+    with pytest.raises(table.ExperimentError, match=r"mine\.yaml: table_order: .*got None"):
         table.algorithm_presets()
     (algo / "mine.yaml").write_text("name: mine\ntable_order: 2\n")
-    with pytest.raises(table.TableError, match=r"share a row position: \{2: \['alpha', 'mine'\]\}"):
+    with pytest.raises(table.ExperimentError, match=r"share a row position: \{2: \['alpha', 'mine'\]\}"):
         table.algorithm_presets()
 
 

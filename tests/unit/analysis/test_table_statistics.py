@@ -61,7 +61,7 @@ def _train(run_dir: Path, rounds: list[dict]) -> dict:
 
 # --- 1. per-run values are final or absent -------------------------------------------------------------------------
 def test_a_run_whose_final_di_is_undefined_shows_na_not_an_earlier_rounds_score(tmp_path: Path):
-    """Regression (issue 23, item 1): the summary kept the last Fairness Score ever logged (round 0's), and the table
+    """Regression: the summary kept the last Fairness Score ever logged (round 0's), and the table
     showed it for a final model whose |1-DI| is undefined; EOD likewise from the round it was last defined."""
     from resfl_lightning.analysis.table import cell_text, seed_record
 
@@ -215,13 +215,14 @@ def test_holm_over_the_primary_family_and_bh_over_the_rest_decide_bold():
 
 # --- 4. seeds of the primary methods -------------------------------------------------------------------------------
 def test_seeds_default_from_the_config_and_primary_methods_get_more():
-    from resfl_lightning.analysis.table import TableError, method_seeds, table_runs, table_seeds
+    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.table import method_seeds, table_runs, table_seeds
 
     assert table_seeds("adult", None, None, SETTINGS) == (10, 10)
     assert table_seeds("synthetic", None, None, SETTINGS) == (3, 10)
     assert table_seeds("adult", 2, None, SETTINGS) == (2, 2) and table_seeds("adult", 2, 3, SETTINGS) == (2, 3)
     assert table_seeds("synthetic", None, 5, SETTINGS) == (3, 5)
-    with pytest.raises(TableError, match="primary-seeds"):
+    with pytest.raises(ExperimentError, match="primary-seeds"):
         table_seeds("adult", 4, 3, SETTINGS)
     seeds = method_seeds(["fedavg", "resfl", "curvfed"], 2, 3, SETTINGS)
     assert seeds == {"fedavg": [0, 1, 2], "resfl": [0, 1, 2], "curvfed": [0, 1]}

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.table import algorithm_presets
 from resfl_lightning.analysis.tune import (
     MethodTuning,
@@ -24,7 +25,7 @@ from resfl_lightning.analysis.tune import (
     tune_method,
     write_tuned_file,
 )
-from resfl_lightning.analysis.tune_grid import TuneError, load_settings
+from resfl_lightning.analysis.tune_grid import load_settings
 from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial, with_learned_floor
 from resfl_lightning.config.tuned import load_tuned
 from resfl_lightning.resources import conf_dir
@@ -146,7 +147,7 @@ def test_the_learned_floor_is_a_share_of_fedavgs_gain_over_a_constant_prediction
     # the table's own reason is kept where it already applies
     dead = dataclasses.replace(floor_trial(1, [0.749] * 3), below_floor=dict.fromkeys(SEEDS, DEAD))
     assert reasons(with_learned_floor(dead, FEDAVG, 0.5)) == dict.fromkeys(SEEDS, DEAD)
-    # detection: the constant prediction's mAP@50 is 0, so the floor is 0.5 x FedAvg's mAP@50 (issue 24's bar)
+    # detection: the constant prediction's mAP@50 is 0, so the floor is 0.5 x FedAvg's mAP@50 (detection learning bar)
     det_fedavg = dataclasses.replace(trial(0, [0.30, 0.20, 0.40]), method="fedavg", trivial=dict.fromkeys(SEEDS, 0.0))
     det = dataclasses.replace(trial(1, [0.15, 0.099, 0.30]), trivial=dict.fromkeys(SEEDS, 0.0))
     assert [s for s, why in reasons(with_learned_floor(det, det_fedavg, 0.5)).items() if why] == [121]
@@ -211,12 +212,12 @@ def test_the_learned_fraction_must_be_a_share(tmp_path: Path):
         raw["rule"]["learned"]["fraction"] = bad_fraction
         bad = tmp_path / "tune.yaml"
         bad.write_text(yaml.safe_dump(raw))
-        with pytest.raises(TuneError, match=r"rule.learned.fraction must lie in \(0, 1\]"):
+        with pytest.raises(ExperimentError, match=r"rule.learned.fraction must lie in \(0, 1\]"):
             load_settings(bad)
     raw["rule"]["learned"]["reference"] = "nonesuch"
     raw["rule"]["learned"]["fraction"] = 0.5
     bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(TuneError, match="learned.reference: no conf/algorithm/ preset"):
+    with pytest.raises(ExperimentError, match="learned.reference: no conf/algorithm/ preset"):
         load_settings(bad)
 
 
@@ -335,11 +336,11 @@ def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
 def test_user_overrides_may_not_fix_what_a_run_or_a_grid_sets():
     grids = {"fedsam": [(), ("optim.lr*=3",), ("algorithm.sam_rho=0.1",)]}
     check_user_overrides(["federation.rounds=1", "use_tuned=false"], grids)
-    with pytest.raises(TuneError, match=r"\['seed'\] are set by every tuning run"):
+    with pytest.raises(ExperimentError, match=r"\['seed'\] are set by every tuning run"):
         check_user_overrides(["seed=3"], grids)
-    with pytest.raises(TuneError, match=r"\['algorithm.sam_rho'\] are tuned by conf/tune/fedsam.yaml"):
+    with pytest.raises(ExperimentError, match=r"\['algorithm.sam_rho'\] are tuned by conf/tune/fedsam.yaml"):
         check_user_overrides(["algorithm.sam_rho=0.2"], grids)
-    with pytest.raises(TuneError, match=r"\['optim.lr'\] are tuned"):
+    with pytest.raises(ExperimentError, match=r"\['optim.lr'\] are tuned"):
         check_user_overrides(["optim.lr=0.1"], grids)
 
 
@@ -347,11 +348,11 @@ def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Pa
     from resfl_lightning.analysis.tune import run_tune
 
     for seeds in ([3], [104, 120], [120, 120]):
-        with pytest.raises(TuneError, match="tuning seeds"):
+        with pytest.raises(ExperimentError, match="tuning seeds"):
             run_tune("adult", "iid", ["fedavg"], [], 1, seeds=seeds, out=tmp_path)
-    with pytest.raises(TuneError, match="--trials must lie in 1..8"):
+    with pytest.raises(ExperimentError, match="--trials must lie in 1..8"):
         run_tune("adult", "iid", ["fedavg"], [], 1, trials=9, out=tmp_path)
-    with pytest.raises(TuneError, match="--methods: unknown"):
+    with pytest.raises(ExperimentError, match="--methods: unknown"):
         run_tune("adult", "iid", ["nope"], [], 1, out=tmp_path)
 
 
@@ -401,7 +402,7 @@ def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
     raw["tuning_seeds_by_dataset"] = {"facet": []}
     bad = tmp_path / "tune.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(TuneError, match="tuning_seeds_by_dataset entry"):
+    with pytest.raises(ExperimentError, match="tuning_seeds_by_dataset entry"):
         load_settings(bad)
     t = tuning("fedavg")
     one = tune_markdown("# t", shipped, [t], [123], "detection", [])

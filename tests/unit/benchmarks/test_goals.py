@@ -1,4 +1,4 @@
-"""The goal cells `resfl bench` prints beside its measurements (issue 27's targets): met exactly at the target."""
+"""The goal cells `resfl bench` prints beside its measurements (docs/performance.md): met exactly at the target."""
 
 from __future__ import annotations
 

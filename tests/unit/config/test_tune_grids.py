@@ -12,7 +12,7 @@ from resfl_lightning.analysis.table import algorithm_presets
 from resfl_lightning.analysis.tune import common_overrides
 from resfl_lightning.analysis.tune_grid import (
     SCALE,
-    TuneError,
+    ExperimentError,
     concrete,
     load_grid,
     load_settings,
@@ -76,13 +76,13 @@ def test_every_grid_key_exists_and_every_scaled_value_resolves():
 def test_a_grid_that_breaks_the_budget_is_refused_naming_its_file(tmp_path: Path, content, match):
     path = tmp_path / "m.yaml"
     path.write_text(content)
-    with pytest.raises(TuneError, match=match) as err:
+    with pytest.raises(ExperimentError, match=match) as err:
         load_grid("m", load_settings(), path)
     assert str(path) in str(err.value)
 
 
 def test_a_missing_grid_names_the_method(tmp_path: Path):
-    with pytest.raises(TuneError, match="no grid for nothere"):
+    with pytest.raises(ExperimentError, match="no grid for nothere"):
         load_grid("nothere", load_settings(), tmp_path / "nothere.yaml")
 
 
@@ -91,7 +91,7 @@ def test_scaled_values_multiply_the_composed_value():
     assert concrete(("optim.lr*=1/3", "algorithm.dp.max_grad_norm=0.1"), base) == \
         ["optim.lr=0.00333333", "algorithm.dp.max_grad_norm=0.1"]
     assert concrete(("optim.lr*=10",), base) == ["optim.lr=0.1"]
-    with pytest.raises(TuneError, match="not a number to scale"):
+    with pytest.raises(ExperimentError, match="not a number to scale"):
         concrete(("optim.momentum*=2",), base)
 
 

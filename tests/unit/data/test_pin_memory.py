@@ -1,5 +1,5 @@
-"""Host-to-device batch transfers (issue 27, GPU readiness): dataset.loader.pin_memory=auto pins batches only when
-the run's device is CUDA, and every batch copy to a CUDA device is non-blocking (no GPU needed: the device is faked
+"""Host-to-device batch transfers (GPU readiness, docs/performance.md): dataset.loader.pin_memory=auto pins batches only
+when the run's device is CUDA, and every batch copy to a CUDA device is non-blocking (no GPU needed: the device is faked
 and the copies recorded)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""fabric.precision=bf16-mixed runs the local loop on a CPU (issue 27): every step under bfloat16 autocast, finite
-losses, a changed model whose parameters stay float32, for FedAvg and RESFL (evidential head + GRL adversary) on
-the tabular and the detection client, and CurvFed (Fisher power iteration, SAM) on the tabular one."""
+"""fabric.precision=bf16-mixed runs the local loop on a CPU (docs/performance.md, GPU readiness): every step under
+bfloat16 autocast, finite losses, a changed model whose parameters stay float32, for FedAvg and RESFL (evidential head +
+GRL adversary) on the tabular and the detection client, and CurvFed (Fisher power iteration, SAM) on the tabular one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""GPU readiness of the local step loop (issue 27): the host synchronisations of a whole `local_train`, counted at the
-dispatcher whoever makes them (our code, Lightning, torch.optim), must not grow with the number of optimisation
-steps, except at the small allow-list below, each entry with the reason it stays. Syncs once per epoch or round (the
-epoch's read-back of its device-side checks and clip norms) are what a loop may do.
+"""GPU readiness of the local step loop (docs/performance.md): the host synchronisations of a whole `local_train`,
+counted at the dispatcher whoever makes them (our code, Lightning, torch.optim), must not grow with the number of
+optimisation steps, except at the small allow-list below, each entry with the reason it stays. Syncs once per epoch or
+round (the epoch's read-back of its device-side checks and clip norms) are what a loop may do.
 
 Two kinds are counted: host reads (`.item()`, `float()` / `int()` / `bool()` / `if tensor`, all of which reach
 `aten::_local_scalar_dense`, and `.tolist()`, `.cpu()`, `.numpy()`), and data-dependent shapes (boolean-mask indexing,

@@ -1,6 +1,6 @@
-"""10,000 virtual clients on one process (issue 27): a round's cost is O(sampled clients). Each property is checked by
-counting calls (no timing): a round reads and writes only its sampled clients' loaders, sizes and stored states, and
-the client-state store's byte count does not re-sum the states it holds on every put."""
+"""10,000 virtual clients on one process (docs/performance.md): a round's cost is O(sampled clients). Each property is
+checked by counting calls (no timing): a round reads and writes only its sampled clients' loaders, sizes and stored
+states, and the client-state store's byte count does not re-sum the states it holds on every put."""
 
 from __future__ import annotations
 

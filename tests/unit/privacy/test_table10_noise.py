@@ -1,4 +1,4 @@
-"""The noise multiplier z of opacus' PRV accountant against the RESFL paper's Table 10 (SPEC A5): epsilon 0.5 / 1 / 2
+"""The noise multiplier z of opacus' PRV accountant against the RESFL paper's Table 10: epsilon 0.5 / 1 / 2
 -> z = 3.0 / 2.1 / 1.5 at C = 1, B = 64, T = 100 rounds, E = 1 on FACET. It does not reproduce: the accountant needs
 a much larger z for a client of FACET's size. These tests pin what we get and that no FACET client size explains the
 paper's values (docs/method.md §5a "DP baselines").
