@@ -15,7 +15,7 @@ SWEEP ?= conf/sweeps/resfl_lambda_beta.yaml
 LOCK := requirements.lock
 LOCK_VENV ?= .cache/lock-venv
 
-.PHONY: install lock train test test-slow test-all lint bench sweep sweep-local privacy report table clean
+.PHONY: install lock train test test-slow test-all lint bench checksums sweep sweep-local privacy report table clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,10 @@ lint: install
 
 bench: install
 	$(RESFL) bench $(ARGS)
+
+# sha256 of three small pinned runs' final models (tiny RESFL, tiny FedAvg, Adult FedAvg): equal on two fresh installs
+checksums: install
+	$(PY) -m resfl_lightning.benchmarks.checksums $(ARGS)
 
 privacy: install
 	$(RESFL) privacy $(ARGS)

@@ -37,6 +37,7 @@ class ClientStateStore:
         self._bytes = 0  # state_bytes summed over _cache, kept as states come and go (not re-summed per put)
         self._dirty: dict[int, int] = {}  # client id -> round that wrote the unsaved state
         self._max_round: int | None = None  # resume: ignore versions written after this round
+        self._ours: set[int] | None = None  # a fresh run: the clients whose file this run wrote (None: all files)
 
     # --- reading -------------------------------------------------------------------------------
     def path(self, client_id: int) -> Path:
@@ -54,7 +55,7 @@ class ClientStateStore:
 
     def _load(self, client_id: int) -> ClientState | None:
         path = self.path(client_id)
-        if not path.is_file():
+        if not path.is_file() or (self._ours is not None and client_id not in self._ours):
             return None
         try:
             versions = torch.load(path, map_location="cpu", weights_only=True)["versions"]
@@ -83,13 +84,15 @@ class ClientStateStore:
     def _write(self, client_id: int, round_idx: int, state: ClientState) -> None:
         path = self.path(client_id)
         previous = []
-        if path.is_file():
+        if path.is_file() and (self._ours is None or client_id in self._ours):
             previous = [v for v in torch.load(path, map_location="cpu", weights_only=True)["versions"]
                         if v["round"] < round_idx]
         versions = sorted(previous, key=lambda v: v["round"])[-1:] + [{"round": round_idx, "state": state}]
         tmp = path.with_suffix(".tmp")
         torch.save({"client_id": client_id, "versions": versions}, tmp)
         os.replace(tmp, path)
+        if self._ours is not None:
+            self._ours.add(client_id)
 
     def _remember(self, client_id: int, state: ClientState) -> None:
         old = self._cache.get(client_id)
@@ -110,12 +113,18 @@ class ClientStateStore:
         """Bytes of the states held in memory: O(1) per put, so a put costs the same with 10,000 states cached."""
         return self._bytes
 
+    def start_fresh(self) -> None:
+        """A run that does not resume: the files an earlier run left in the directory are not this run's states
+        (read back, they made a second run into the same run_dir train other bits than the first)."""
+        self._ours = set()
+
     def restore_to(self, round_idx: int) -> None:
         """Resume after round `round_idx`: forget memory, read only versions written at or before it."""
         self._cache.clear()
         self._bytes = 0
         self._dirty.clear()
         self._max_round = round_idx
+        self._ours = None
 
     def __len__(self) -> int:
         return len(self._cache)

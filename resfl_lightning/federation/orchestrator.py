@@ -318,6 +318,7 @@ class Federation:
             self.fabric.print(f"resuming from {self.checkpoint_path} after round {state.round_idx}")
             self.client_states.restore_to(state.round_idx)
             return state
+        self.client_states.start_fresh()
         with self.collectives.guard(-1, "initial broadcast"):
             theta = self.fabric.broadcast(layout.flatten(client), src=0)
         return ServerState(round_idx=-1, theta=theta, int_buffers=layout.int_buffers(client),

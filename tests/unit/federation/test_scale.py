@@ -84,3 +84,23 @@ def test_store_byte_count_matches_the_states_held_through_evictions_and_resume(t
             store.commit()
             store.restore_to(step)
             assert store.memory_bytes() == 0
+
+
+def test_a_fresh_run_does_not_read_the_client_states_an_earlier_run_left(tmp_path):
+    """A second run into the same run_dir (resume=false) read the first run's checkpoints/clients/ files back as its
+    clients' states (RESFL's phi), and trained other bits than the first; a resumed run must still read them."""
+    earlier = ClientStateStore(tmp_path)
+    earlier.put(3, 5, {"phi": torch.ones(4)})
+    earlier.commit()
+    fresh = ClientStateStore(tmp_path, memory_budget_bytes=0)  # no memory: every state goes through its file
+    fresh.start_fresh()
+    assert fresh.get(3) is None
+    fresh.put(3, 0, {"phi": torch.zeros(4)})
+    fresh.put(4, 0, {"phi": torch.full((4,), 2.0)})  # evicts client 3 to its file
+    fresh.commit()
+    assert torch.equal(fresh.get(3)["phi"], torch.zeros(4))  # this run's own spilled state is read back
+    versions = torch.load(fresh.path(3), weights_only=True)["versions"]
+    assert [v["round"] for v in versions] == [0]  # the earlier run's round-5 version is not kept beside it
+    resumed = ClientStateStore(tmp_path)
+    resumed.restore_to(0)
+    assert torch.equal(resumed.get(3)["phi"], torch.zeros(4))
