@@ -6,15 +6,12 @@ file records the runs, the rule's outcome, and whether the subset's `clients` ag
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resfl_lightning.analysis.experiment import ExperimentError, raise_failures, refuse_stale
-from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, select, train_overrides
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.runner import run_jobs
 
 CHECKED = Cell("fedavg", CLEAN, "honest", 0.0)  # the rule reads FedAvg's clean run
 
@@ -81,38 +78,47 @@ def markdown(title: str, rule: dict, rows: dict[int, dict[str, float | None]], o
     return "\n".join(lines) + "\n"
 
 
-def make_client_check(dataset: str, scenario: str, subset: str, jobs: int, out: Path, overrides: list[str],
-                      results_path: Path | None, command: str) -> tuple[Path, Outcome, int]:
-    """Train the check's missing runs, write DIR/client_check.md (and the results file with its provenance);
-    returns (DIR, the outcome, the subset's configured n)."""
-    from resfl_lightning.analysis.provenance import write_results
+class ClientCheck(Experiment):
+    """`resfl robustness --subset S --check-clients`: FedAvg's clean run at each n of the subset's client_check
+    (ctx.options: `subset`), then client_check.md with the rule's outcome (Report.files is empty; the outcome and
+    the subset's configured n are on the instance after report, for the command's exit code)."""
 
-    grid = load_grid()
-    rule = check_rule(grid, subset)
-    configured = select(grid, subset)["clients"]
-    seed = int(rule["seed"])
-    out.mkdir(parents=True, exist_ok=True)
-    jobs_list = []
-    for n in rule["clients"]:
-        run_dir = out / f"{CHECKED.name}-n{n}-s{seed}"
-        jobs_list.append((run_dir, train_overrides(dataset, scenario, {**grid, "clients": int(n)}, CHECKED, seed,
-                                                   out, overrides, run_dir=run_dir)))
-    t0 = time.perf_counter()
-    refuse_stale(jobs_list, out)
-    failures = run_jobs(jobs_list, jobs)
-    rows = {}
-    for n, (run_dir, _) in zip(rule["clients"], jobs_list):
-        run = finished_run(run_dir)
-        rows[n] = {k: None if run is None else run.value(k) for k in (rule["metric"], "test/map")}
-    outcome = decide_clients({n: v[rule["metric"]] for n, v in rows.items()}, rule)
-    total = time.perf_counter() - t0
-    walls = summed_wall(rd for rd, _ in jobs_list)
-    title = (f"# Client-count check of the robustness subset {subset!r}, {dataset}, scenario {scenario} "
-             f"({len(jobs_list)} runs; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall "
-             f"times sum to {walls:.0f} s)")
-    body = markdown(title, rule, rows, outcome, configured)
-    (out / "client_check.md").write_text(body)
-    if results_path is not None:
-        write_results(results_path, body, command, wall_s=total, runs_wall_s=walls, writer="resfl robustness")
-    raise_failures(failures, len(jobs_list), out)
-    return out, outcome, configured
+    writer = "resfl robustness"
+
+    def __init__(self, grid_path=None):
+        super().__init__(grid_path)
+        self.outcome: Outcome | None = None
+        self.configured: int | None = None
+
+    def rule(self, ctx: Context) -> tuple[dict, dict]:
+        grid = load_grid(self.grid_path)
+        return grid, check_rule(grid, ctx.options["subset"])
+
+    def default_out(self, ctx: Context) -> Path:
+        return Path("runs") / "-".join(["robustness", ctx.dataset, ctx.scenario, ctx.options["subset"],
+                                        "client-check"])
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        grid, rule = self.rule(ctx)
+        seed = int(rule["seed"])
+        planned = []
+        for n in rule["clients"]:
+            run_dir = out / f"{CHECKED.name}-n{n}-s{seed}"
+            planned.append(PlannedRun(run_dir.name, train_overrides(ctx.dataset, ctx.scenario,
+                                                                    {**grid, "clients": int(n)}, CHECKED, seed, out,
+                                                                    ctx.overrides, run_dir=run_dir)))
+        return planned
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        grid, rule = self.rule(ctx)
+        subset = ctx.options["subset"]
+        self.configured = select(grid, subset)["clients"]
+        rows = {}
+        for n, planned in zip(rule["clients"], runs.planned):
+            run = runs.get(planned.name)
+            rows[n] = {k: None if run is None else run.value(k) for k in (rule["metric"], "test/map")}
+        self.outcome = decide_clients({n: v[rule["metric"]] for n, v in rows.items()}, rule)
+        title = (f"# Client-count check of the robustness subset {subset!r}, {ctx.dataset}, scenario {ctx.scenario} "
+                 f"({len(runs.planned)} runs; this invocation took {runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; "
+                 f"the runs' own wall times sum to {runs.runs_wall_s:.0f} s)")
+        return Report(markdown(title, rule, rows, self.outcome, self.configured), "client_check.md")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.compare import compare_runs, load_run, run_privacy_score
+from resfl_lightning.analysis.compare import compare_runs, run_privacy_score
+from resfl_lightning.analysis.run_data import load_run
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.values import finite
 
@@ -61,12 +62,12 @@ class Column:
     gated: bool = False
 
     def value(self, runs: SeedRuns) -> float | None:
-        summary = runs.run["summary"]
+        summary = runs.run.summary
         return finite(summary[self.key]) if self.key in summary else None
 
     def why_missing(self, runs: SeedRuns) -> str:
         """Why value(runs) is None, in a few words for the table's "n/a (reason)"."""
-        return missing_reason(runs.run["summary"], self.key)
+        return missing_reason(runs.run.summary, self.key)
 
     def attacks(self) -> tuple[str, ...]:
         """Attack groups whose runs this column reads besides the privacy run (trained with --robustness)."""
@@ -78,14 +79,14 @@ class Utility(Column):
     """Detection mAP@50-95 (test/map), else classification accuracy (test/accuracy)."""
 
     def value(self, runs: SeedRuns) -> float | None:
-        summary = runs.run["summary"]
+        summary = runs.run.summary
         mean_ap = finite(summary["test/map"]) if "test/map" in summary else None
         if mean_ap is not None:
             return mean_ap
         return finite(summary["test/accuracy"]) if "test/accuracy" in summary else None
 
     def why_missing(self, runs: SeedRuns) -> str:
-        summary = runs.run["summary"]
+        summary = runs.run.summary
         return missing_reason(summary, "test/map" if "test/map" in summary else "test/accuracy")
 
 
@@ -97,7 +98,7 @@ class PrivacyScore(Column):
         return run_privacy_score(runs.run)
 
     def why_missing(self, runs: SeedRuns) -> str:
-        summary = runs.run["summary"]
+        summary = runs.run.summary
         keys = [k for k in ("attack/mia_success_rate", "attack/aia_balanced_accuracy")
                 if finite(summary.get(k)) is None]
         return "; ".join(missing_reason(summary, k) for k in keys)
@@ -118,7 +119,7 @@ class Fate(Column):
 
     def inputs(self, runs: SeedRuns) -> tuple[float | None, float | None]:
         """(utility, EO) of the run: accuracy (else mAP@50-95) and the EO gap (else ΔEOP), as compare.py reads them."""
-        summary = runs.run["summary"]
+        summary = runs.run.summary
         utility = finite(summary.get("test/accuracy"))
         utility = utility if utility is not None else finite(summary.get("test/map"))
         eo = finite(summary.get("test/eo_gap"))

@@ -14,46 +14,16 @@ missing or undefined is reported as null with the reason.
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
+from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.attacks.byzantine import relative_drop
 from resfl_lightning.metrics.fairness import privacy_score
 from resfl_lightning.metrics.fate import fate
 
 # Config keys two paired runs must share for the difference to measure the attack (or the method) alone.
 PAIRED_KEYS = ("seed", "dataset", "model", "federation", "optim")
-
-
-def load_run(run_dir: str | Path) -> dict[str, Any]:
-    """{"dir", "summary", "config"} of a run: summary.json (or the merged metrics.jsonl rows) and .hydra/config.yaml."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"run directory {path} does not exist")
-    summary_path, metrics_path = path / "summary.json", path / "metrics.jsonl"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-    elif metrics_path.is_file():
-        summary = {}
-        for line in metrics_path.read_text().splitlines():
-            if line.strip():
-                summary.update({k: v for k, v in json.loads(line).items() if v is not None})
-    else:
-        raise FileNotFoundError(f"{path} has neither summary.json nor metrics.jsonl: is it a finished run directory?")
-    config: dict[str, Any] = {}
-    config_path = path / ".hydra" / "config.yaml"
-    if config_path.is_file():
-        from omegaconf import OmegaConf
-
-        config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False)
-    return {"dir": str(path), "summary": summary, "config": config}
-
-
-def _value(run: dict, key: str) -> float | None:
-    v = run["summary"].get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
 
 
 def _entry(clean: float | None, other: float | None, fn, keys: str) -> dict[str, Any]:
@@ -68,25 +38,25 @@ def _entry(clean: float | None, other: float | None, fn, keys: str) -> dict[str,
     return entry
 
 
-def run_privacy_score(run: dict) -> float | None:
+def run_privacy_score(run: RunData) -> float | None:
     """(MIA SR + AIA SR)/2 from the run's balanced accuracies (never from a stored score of another definition)."""
-    mia, aia = _value(run, "attack/mia_success_rate"), _value(run, "attack/aia_balanced_accuracy")
+    mia, aia = run.value("attack/mia_success_rate"), run.value("attack/aia_balanced_accuracy")
     return None if mia is None or aia is None else privacy_score(mia, aia)
 
 
-def config_differences(clean: dict, other: dict) -> list[str]:
+def config_differences(clean: RunData, other: RunData) -> list[str]:
     """Top-level config sections (PAIRED_KEYS) that differ between the runs (attack and algorithm may differ)."""
-    if not clean["config"] or not other["config"]:
+    if not clean.hydra_config or not other.hydra_config:
         return []
-    return [k for k in PAIRED_KEYS if clean["config"].get(k) != other["config"].get(k)]
+    return [k for k in PAIRED_KEYS if clean.hydra_config.get(k) != other.hydra_config.get(k)]
 
 
-def compare_runs(clean: dict, other: dict, fate_baseline: bool = False, lambda_f: float = 1.0) -> dict[str, Any]:
+def compare_runs(clean: RunData, other: RunData, fate_baseline: bool = False, lambda_f: float = 1.0) -> dict[str, Any]:
     """The comparison dict: metrics (name -> {value, clean, other, inputs[, reason]}) and warnings."""
-    utility = "test/map" if _value(clean, "test/map") is not None else "test/accuracy"
+    utility = "test/map" if clean.value("test/map") is not None else "test/accuracy"
     metrics = {
-        "ba_ad": _entry(_value(clean, utility), _value(other, utility), relative_drop, utility),
-        "dpa_eodd": _entry(_value(clean, "test/eod"), _value(other, "test/eod"),
+        "ba_ad": _entry(clean.value(utility), other.value(utility), relative_drop, utility),
+        "dpa_eodd": _entry(clean.value("test/eod"), other.value("test/eod"),
                            lambda c, o: o - c, "test/eod"),
     }
     scores = (run_privacy_score(clean), run_privacy_score(other))
@@ -94,13 +64,13 @@ def compare_runs(clean: dict, other: dict, fate_baseline: bool = False, lambda_f
         metrics["privacy_score_change"] = _entry(*scores, lambda c, o: o - c,
                                                  "(attack/mia_success_rate + attack/aia_balanced_accuracy)/2")
     if utility == "test/map":
-        metrics["ba_ad_50"] = _entry(_value(clean, "test/map_50"), _value(other, "test/map_50"),
+        metrics["ba_ad_50"] = _entry(clean.value("test/map_50"), other.value("test/map_50"),
                                      relative_drop, "test/map_50")
     if fate_baseline:
-        acc = "test/accuracy" if _value(clean, "test/accuracy") is not None else "test/map"
-        eo = "test/eo_gap" if _value(clean, "test/eo_gap") is not None else "test/delta_eop"
-        accs = (_value(clean, acc), _value(other, acc))
-        eos = (_value(clean, eo), _value(other, eo))
+        acc = "test/accuracy" if clean.value("test/accuracy") is not None else "test/map"
+        eo = "test/eo_gap" if clean.value("test/eo_gap") is not None else "test/delta_eop"
+        accs = (clean.value(acc), other.value(acc))
+        eos = (clean.value(eo), other.value(eo))
         entry: dict[str, Any] = {"value": None, "clean": {acc: accs[0], eo: eos[0]},
                                  "other": {acc: accs[1], eo: eos[1]}, "inputs": f"{acc}, {eo}", "lambda_f": lambda_f}
         if None in accs or None in eos:
@@ -113,7 +83,7 @@ def compare_runs(clean: dict, other: dict, fate_baseline: bool = False, lambda_f
         metrics["fate"] = entry
     warnings = [f"the runs differ in config section '{k}': the paired metrics then mix the attack with that change"
                 for k in config_differences(clean, other)]
-    return {"clean_run": clean["dir"], "other_run": other["dir"], "metrics": metrics, "warnings": warnings}
+    return {"clean_run": str(clean.path), "other_run": str(other.path), "metrics": metrics, "warnings": warnings}
 
 
 def format_value(v: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from resfl_lightning.analysis.finished_run import finished_run
+from resfl_lightning.analysis.run_data import RunData, finished_run
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.metrics.statistics import below_utility_floor
 
@@ -17,10 +17,9 @@ DP_KEYS = {"z": "dp/noise_multiplier", "q": "dp/sample_rate", "steps": "dp/steps
            "epsilon_target": "dp/target_epsilon"}
 
 
-def run_values(run_dir: Path, map50_floor: float | None = None) -> dict | None:
+def run_values(run: RunData | None, map50_floor: float | None = None) -> dict | None:
     """A finished run's utility and accounting numbers (None: not finished). The spent epsilon of a run without
     noise (z = 0) is inf (summary.json holds null there)."""
-    run = finished_run(run_dir)
     if run is None:
         return None
     out = {name: run.value(key) for name, key in DP_KEYS.items()}
@@ -73,7 +72,8 @@ def dp_accounting_lines(runs: dict[str, list[Path]]) -> list[str]:
     """The section's markdown lines for {method: its finished runs' folders}; [] when no method ran DP-SGD."""
     rows, floor = [], load_statistics().map50_floor  # read once, not once a run (run_values' default)
     for method, run_dirs in runs.items():
-        values = [v for v in (run_values(d, floor) for d in run_dirs) if v is not None and v["z"] is not None]
+        values = [v for v in (run_values(finished_run(d), floor) for d in run_dirs)
+                  if v is not None and v["z"] is not None]
         if values:
             target = same_cell([v["epsilon_target"] for v in values if v["epsilon_target"] is not None],
                                "epsilon_target")

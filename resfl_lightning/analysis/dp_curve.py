@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.dp_accounting import accounting_cells, run_values
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure, series_style
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.run_settings import stale_runs
-from resfl_lightning.analysis.runner import run_jobs
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import default_out, table_preset
 from resfl_lightning.config.tuned import recorded_path
@@ -276,62 +273,43 @@ def plot_curve(grid: CurveGrid, rows: list[RowSummary], path: Path, title: str, 
     save_figure(fig, ax, title, path)
 
 
-def train(grid: CurveGrid, seeds: list[int], dataset: str, scenario: str, out: Path, overrides: list[str],
-          workers: int) -> list[str]:
-    """Train every (point, seed) not finished yet; refuses finished runs trained with other settings. Returns the
-    failures' messages."""
-    jobs = {out / p.dir_name(s): run_overrides(grid, p, dataset, scenario, s, out / p.dir_name(s), overrides)
-            for p in curve_points(grid) for s in seeds}
-    stale = stale_runs(list(jobs.items()))
-    if stale:
-        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
-                         "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
-    return run_jobs(list(jobs.items()), workers)
+class DpCurve(Experiment):
+    """The curve of a grid file (this class's file, or ctx.options `grid`; ctx.options `seeds`: seeds instead of the
+    grid's): every DP method x target ε x seed and the ablations, then dp-curve.md and dp-curve.png."""
 
+    writer = "resfl dp-curve"
 
-def run_dp_curve(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
-                 results: Path | None = None, grid_path: Path | None = None, seeds: list[int] | None = None,
-                 command: str = "resfl dp-curve") -> Path:
-    """Train the grid, then write OUT/dp-curve.md (with its provenance) and OUT/dp-curve.png; with `results`, also
-    RESULTS/<out name>.md and .png. Returns the markdown's path; raises ExperimentError after writing if runs failed."""
-    import shutil
+    def grid(self, ctx: Context) -> CurveGrid:
+        return load_grid(ctx.options.get("grid") or self.grid_path)
 
-    from resfl_lightning.analysis.provenance import write_results
+    def seeds(self, ctx: Context, grid: CurveGrid) -> list[int]:
+        return list(ctx.options.get("seeds") or grid.seeds)
 
-    grid = load_grid(grid_path)
-    seeds = list(seeds or grid.seeds)
-    out = out or curve_out(dataset, scenario, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    failures = train(grid, seeds, dataset, scenario, out, overrides, workers)
-    rows, tasks, floor = [], set(), load_statistics().map50_floor
-    for p in curve_points(grid):
-        runs = {s: v for s in seeds if (v := run_values(out / p.dir_name(s), floor)) is not None}
-        tasks |= {v["task"] for v in runs.values()}
-        rows.append(summarise(p, runs, grid.confidence))
-    if len(tasks) > 1:
-        raise ExperimentError(f"the runs in {out} hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
-    task = tasks.pop() if tasks else "classification"
-    n_runs = len(curve_points(grid)) * len(seeds)
-    title = (f"DP privacy-utility curve: {dataset}, scenario {scenario} ({_count(grid.methods, 'method')} x "
-             f"{len(grid.epsilons)} ε and {_count(grid.ablations, 'ablation')} x {_count(seeds, 'seed')} = "
-             f"{n_runs} runs)")
-    text = curve_markdown(grid, title, rows, task, failures)
-    plot_curve(grid, rows, out / "dp-curve.png", title, task)
-    runs_wall = summed_wall(out / p.dir_name(s) for p in curve_points(grid) for s in seeds)
-    wall = time.perf_counter() - t0
-    path = write_results(out / "dp-curve.md", text, command, wall_s=wall, runs_wall_s=runs_wall,
-                         writer="resfl dp-curve")
-    if results is not None:
-        results.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "dp-curve.png", results / f"{out.name}.png")
-        write_results(results / f"{out.name}.md", text.replace("](dp-curve.png)", f"]({out.name}.png)"), command,
-                      wall_s=wall, runs_wall_s=runs_wall, writer="resfl dp-curve")
-    if failures:
-        raise ExperimentError(f"{len(failures)} runs failed (dp-curve.md in {out} lists them; re-run the same "
-                              "command to "
-                         "retry them):\n" + "\n".join(failures))
-    return path
+    def default_out(self, ctx: Context) -> Path:
+        return curve_out(ctx.dataset, ctx.scenario, ctx.overrides)
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        grid = self.grid(ctx)
+        return [PlannedRun(p.dir_name(s), run_overrides(grid, p, ctx.dataset, ctx.scenario, s, out / p.dir_name(s),
+                                                        ctx.overrides))
+                for p in curve_points(grid) for s in self.seeds(ctx, grid)]
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        grid = self.grid(ctx)
+        seeds = self.seeds(ctx, grid)
+        rows, tasks, floor = [], set(), load_statistics().map50_floor
+        for p in curve_points(grid):
+            values = {s: v for s in seeds if (v := run_values(runs.get(p.dir_name(s)), floor)) is not None}
+            tasks |= {v["task"] for v in values.values()}
+            rows.append(summarise(p, values, grid.confidence))
+        if len(tasks) > 1:
+            raise ExperimentError(f"the runs in {runs.out} hold {len(tasks)} tasks ({sorted(tasks)}); expected one")
+        task = tasks.pop() if tasks else "classification"
+        title = (f"DP privacy-utility curve: {ctx.dataset}, scenario {ctx.scenario} ({_count(grid.methods, 'method')} "
+                 f"x {len(grid.epsilons)} ε and {_count(grid.ablations, 'ablation')} x {_count(seeds, 'seed')} = "
+                 f"{len(runs.planned)} runs)")
+        text = curve_markdown(grid, title, rows, task, runs.failures)
+        return Report(text, "dp-curve.md", {"dp-curve.png": lambda path: plot_curve(grid, rows, path, title, task)})
 
 
 def _count(items, noun: str) -> str:

@@ -10,15 +10,14 @@ the confirmation seeds, paired by seed; writes confirmation.md."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure
-from resfl_lightning.analysis.finished_run import finished_run
 from resfl_lightning.analysis.frontier_rule import (
     PointSummary,
     Selection,
@@ -27,9 +26,7 @@ from resfl_lightning.analysis.frontier_rule import (
     select_point,
     utility_floor,
 )
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.run_settings import stale_runs
-from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.run_data import RunData, finished_run
 from resfl_lightning.analysis.table import default_out, table_preset
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
@@ -141,26 +138,9 @@ def run_overrides(grid: Grid, point: Point, dataset: str, scenario: str, seed: i
             "logger=none", "progress=false", *overrides]
 
 
-def train(grid: Grid, points: list[Point], seeds: list[int], dataset: str, scenario: str, out: Path,
-          overrides: list[str], workers: int) -> list[str]:
-    """Train every (point, seed) not finished yet (a shared run once); refuses finished runs trained with other
-    settings. Returns the failures' messages."""
-    jobs: dict[Path, list[str]] = {}
-    for p in points:
-        for s in seeds:
-            rd = out / p.dir_name(grid, s)
-            jobs.setdefault(rd, run_overrides(grid, p, dataset, scenario, s, rd, overrides))
-    stale = stale_runs(list(jobs.items()))
-    if stale:
-        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
-                            "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
-    return run_jobs(list(jobs.items()), workers)
-
-
-def run_values(run_dir: Path) -> dict[str, float | None] | None:
+def run_values(run: RunData | None) -> dict[str, float | None] | None:
     """The frontier's metrics of one finished run (None: it did not finish). Utility: accuracy for classification,
     mAP@50 for detection (the rule's metrics)."""
-    run = finished_run(run_dir)
     if run is None:
         return None
     out = {key: run.value(key) for key, _ in METRICS if key != UTILITY}
@@ -175,7 +155,7 @@ def collect(grid: Grid, points: list[Point], seeds: list[int], out: Path) -> dic
     for p in points:
         values[p.label] = {}
         for s in seeds:
-            v = run_values(out / p.dir_name(grid, s))
+            v = run_values(finished_run(out / p.dir_name(grid, s)))
             if v is not None:
                 values[p.label][s] = v
     return values
@@ -293,60 +273,6 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
     save_figure(fig, ax, title, path)
 
 
-def _header_tail(runs: int, total: float, out: Path, runs_dirs: list[Path]) -> str:
-    run_walls = summed_wall(runs_dirs)
-    return f"{runs} runs; this invocation took {total:.0f} s; the runs' own wall times sum to {run_walls:.0f} s"
-
-
-def run_frontier(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
-                 results: Path | None = None, grid_path: Path | None = None,
-                 command: str = "resfl frontier") -> tuple[Path, Selection]:
-    """The tuning stage: train, select, write OUT/frontier.md, frontier.png, selection.json (and the results copy)."""
-    grid = load_grid(grid_path).for_dataset(dataset)
-    out = out or frontier_out(dataset, scenario, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    points = grid_points(grid) + [Point(baseline=b) for b in grid.baselines]
-    t0 = time.perf_counter()
-    failures = train(grid, points, grid.tuning_seeds, dataset, scenario, out, overrides, workers)
-    values = collect(grid, points, grid.tuning_seeds, out)
-    if not values["fedavg"]:
-        raise ExperimentError("no FedAvg run finished: the utility floor is undefined\n" + "\n".join(failures))
-    summaries, floor, task = summarise_points(grid, values)
-    selection = select_point(summaries, floor, float(grid.rule["fairness"]["max_upper"]))
-    dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.tuning_seeds})
-    title = f"Adversary frontier: {dataset}, scenario {scenario}"
-    header = (f"# {title} ({len(grid_points(grid))} grid points and {len(grid.baselines)} baselines x "
-              f"{len(grid.tuning_seeds)} tuning seeds; " + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs)
-              + ")")
-    text = frontier_markdown(grid, header, values, summaries, floor, task, selection, failures)
-    (out / "frontier.md").write_text(text)
-    plot_frontier(grid, values, selection, out / "frontier.png", title)
-    chosen = selection.selected
-    (out / "selection.json").write_text(json.dumps({
-        "selected": None if chosen is None else {"strength": chosen.strength, "lambda_priv": chosen.lambda_priv},
-        "reason": selection.reason, "utility_floor": floor, "task": task, "grid": grid.text}, indent=1))
-    if results is not None:
-        _write_results(results, out, "frontier", text, command, time.perf_counter() - t0)
-    if failures:
-        raise ExperimentError(f"{len(failures)} runs failed (frontier.md in {out} lists them; re-run the same command "
-                            "to retry them):\n" + "\n".join(failures))
-    return out, selection
-
-
-def _write_results(results: Path, out: Path, kind: str, text: str, command: str, wall: float) -> None:
-    """RESULTS/<out name>[-confirmation].md with its provenance, and the figure beside it."""
-    import shutil
-
-    from resfl_lightning.analysis.provenance import write_results
-
-    name = out.name if kind == "frontier" else f"{out.name}-confirmation"
-    if kind == "frontier":
-        results.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "frontier.png", results / f"{out.name}.png")
-        text = text.replace("](frontier.png)", f"]({out.name}.png)")
-    write_results(results / f"{name}.md", text, command, wall_s=wall, writer="resfl frontier")
-
-
 def _confirmation(grid: Grid, values: dict[str, dict[int, dict]], selected: Point, default: Point) -> tuple[bool, str]:
     """The pre-registered rule applied to the confirmation seeds (frontier_rule.confirmation_verdict)."""
     tasks = {v["task"] for runs in values.values() for v in runs.values()}
@@ -394,62 +320,108 @@ def _saved_selection(out: Path, grid: Grid, grid_path: Path | None) -> tuple[Poi
     return point, f"Selected on the tuning seeds {grid.tuning_seeds}: {saved['reason']}."
 
 
-def run_confirmation(dataset: str, scenario: str, overrides: list[str], workers: int, out: Path | None = None,
-                     results: Path | None = None, grid_path: Path | None = None,
-                     command: str = "resfl frontier --confirm", point: str | None = None) -> Path:
-    """The confirmation stage: the selected point (OUT/selection.json, or `point` as STRENGTH,LAMBDA_PRIV when the
-    tuning runs are not on this machine), the default and FedAvg on the confirmation seeds; writes
-    OUT/confirmation.md with paired differences and their Student-t intervals."""
-    grid = load_grid(grid_path)
-    out = out or frontier_out(dataset, scenario, overrides)
-    if point is None:
-        selected, provenance = _saved_selection(out, grid, grid_path)
-    else:
-        selected = parse_point(point, grid)
-        provenance = (f"The point was named on the command line (--point {point}), not read from a selection made on "
-                      "this machine: the frontier's results file says which point its rule selected.")
-    default, fedavg = Point(*grid.default), Point(baseline="fedavg")
-    points = list(dict.fromkeys([selected, default, fedavg]))
-    t0 = time.perf_counter()
-    failures = train(grid, points, grid.confirmation_seeds, dataset, scenario, out, overrides, workers)
-    values = collect(grid, points, grid.confirmation_seeds, out)
-    pct = round(100 * float(grid.rule["fairness"]["confidence"]))
-    dirs = sorted({out / p.dir_name(grid, s) for p in points for s in grid.confirmation_seeds})
-    compared = (f"selected {selected.label} vs RESFL default {default.label}" if selected != default
-                else f"selected = RESFL default {default.label}")
-    lines = [f"# Adversary frontier, confirmation: {dataset}, scenario {scenario} ({compared} vs FedAvg, "
-             f"{len(grid.confirmation_seeds)} confirmation seeds "
-             f"{grid.confirmation_seeds[0]}-{grid.confirmation_seeds[-1]}; "
-             + _header_tail(len(dirs), time.perf_counter() - t0, out, dirs) + ")", "",
-             provenance, "",
-             f"Means [{pct} % Student-t interval] over the confirmation seeds:", "",
-             "| run | n | " + " | ".join(h for _, h in METRICS) + " |", "| --- | ---: |" + " ---: |" * len(METRICS)]
-    for p in points:
-        runs = values[p.label]
-        lines.append(f"| {p.label} | {len(runs)} | "
-                     + " | ".join(_cell(t_test(list(series(runs, k).values()))) for k, _ in METRICS) + " |")
-    pairs = list(dict.fromkeys([(selected, default), (selected, fedavg), (default, fedavg)]))  # once each
-    lines += ["", f"Paired differences by seed: mean [{pct} % Student-t interval] (n = seeds where both have a "
-              "value). The selection confirms if utility stays within the rule's floor, the AIA difference to the "
-              "default is negative with an interval below 0, and the Fairness Score difference's upper end is <= "
-              f"{grid.rule['fairness']['max_upper']}.", "",
-              "| difference | " + " | ".join(h for _, h in METRICS) + " |", "| --- |" + " ---: |" * len(METRICS)]
-    for a, b in pairs:
-        if a == b:
-            continue
-        cells = [_diff_cell(paired_t(series(values[a.label], k), series(values[b.label], k),
-                                     float(grid.rule["fairness"]["confidence"]))) for k, _ in METRICS]
-        lines.append(f"| {a.label} − {b.label} | " + " | ".join(cells) + " |")
-    confirmed, why = _confirmation(grid, values, selected, default)
-    word = ("default kept" if confirmed else "default kept, under the utility floor") if selected == default else (
-        "confirmed" if confirmed else "not confirmed")
-    lines += ["", f"**Verdict: {word}** ({why})."]
-    if failures:
-        lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]
-    text = "\n".join(lines) + "\n"
-    (out / "confirmation.md").write_text(text)
-    if results is not None:
-        _write_results(results, out, "confirmation", text, command, time.perf_counter() - t0)
-    if failures:
-        raise ExperimentError(f"{len(failures)} runs failed:\n" + "\n".join(failures))
-    return out
+class Frontier(Experiment):
+    """φ's frontier of a grid file (this class's, or ctx.options `grid`). Tuning stage: every grid point and the
+    baselines on the tuning seeds, then frontier.md, frontier.png and selection.json. With ctx.options `confirm`:
+    the selected point (OUT/selection.json, or ctx.options `point` as STRENGTH,LAMBDA_PRIV), RESFL's default and
+    FedAvg on the confirmation seeds, then confirmation.md."""
+
+    writer = "resfl frontier"
+
+    def grid(self, ctx: Context) -> Grid:
+        grid = load_grid(ctx.options.get("grid") or self.grid_path)
+        return grid if ctx.options.get("confirm") else grid.for_dataset(ctx.dataset)
+
+    def default_out(self, ctx: Context) -> Path:
+        return frontier_out(ctx.dataset, ctx.scenario, ctx.overrides)
+
+    def stage(self, ctx: Context, out: Path) -> tuple[Grid, list[Point], list[int], Point | None, str]:
+        """(grid, points, seeds, the point confirmed (None: tuning), where that point came from)."""
+        grid = self.grid(ctx)
+        if not ctx.options.get("confirm"):
+            return grid, grid_points(grid) + [Point(baseline=b) for b in grid.baselines], grid.tuning_seeds, None, ""
+        point = ctx.options.get("point")
+        if point is None:
+            selected, provenance = _saved_selection(out, grid, ctx.options.get("grid"))
+        else:
+            selected = parse_point(point, grid)
+            provenance = (f"The point was named on the command line (--point {point}), not read from a selection "
+                          "made on this machine: the frontier's results file says which point its rule selected.")
+        points = list(dict.fromkeys([selected, Point(*grid.default), Point(baseline="fedavg")]))
+        return grid, points, grid.confirmation_seeds, selected, provenance
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        grid, points, seeds, _, _ = self.stage(ctx, out)
+        return [PlannedRun(p.dir_name(grid, s), run_overrides(grid, p, ctx.dataset, ctx.scenario, s,
+                                                              out / p.dir_name(grid, s), ctx.overrides))
+                for p in points for s in seeds]
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        grid, points, seeds, selected, provenance = self.stage(ctx, runs.out)
+        values = collect(grid, points, seeds, runs.out)
+        if selected is None:
+            return self.tuning_report(ctx, runs, grid, points, values)
+        return self.confirmation_report(ctx, runs, grid, points, values, selected, provenance)
+
+    def tuning_report(self, ctx: Context, runs: Runs, grid: Grid, points: list[Point], values) -> Report:
+        if not values["fedavg"]:
+            raise ExperimentError("no FedAvg run finished: the utility floor is undefined\n"
+                                  + "\n".join(runs.failures))
+        summaries, floor, task = summarise_points(grid, values)
+        selection = select_point(summaries, floor, float(grid.rule["fairness"]["max_upper"]))
+        self.selection = selection
+        title = f"Adversary frontier: {ctx.dataset}, scenario {ctx.scenario}"
+        header = (f"# {title} ({len(grid_points(grid))} grid points and {len(grid.baselines)} baselines x "
+                  f"{len(grid.tuning_seeds)} tuning seeds; " + _header_tail(runs) + ")")
+        text = frontier_markdown(grid, header, values, summaries, floor, task, selection, runs.failures)
+        chosen = selection.selected
+        saved = json.dumps({
+            "selected": None if chosen is None else {"strength": chosen.strength, "lambda_priv": chosen.lambda_priv},
+            "reason": selection.reason, "utility_floor": floor, "task": task, "grid": grid.text}, indent=1)
+        return Report(text, "frontier.md", {"frontier.png": lambda path: plot_frontier(grid, values, selection, path,
+                                                                                       title)},
+                      {"selection.json": saved})
+
+    def confirmation_report(self, ctx: Context, runs: Runs, grid: Grid, points: list[Point], values,
+                            selected: Point, provenance: str) -> Report:
+        default, fedavg = Point(*grid.default), Point(baseline="fedavg")
+        seeds = grid.confirmation_seeds
+        pct = round(100 * float(grid.rule["fairness"]["confidence"]))
+        compared = (f"selected {selected.label} vs RESFL default {default.label}" if selected != default
+                    else f"selected = RESFL default {default.label}")
+        lines = [f"# Adversary frontier, confirmation: {ctx.dataset}, scenario {ctx.scenario} ({compared} vs FedAvg, "
+                 f"{len(seeds)} confirmation seeds {seeds[0]}-{seeds[-1]}; " + _header_tail(runs) + ")", "",
+                 provenance, "",
+                 f"Means [{pct} % Student-t interval] over the confirmation seeds:", "",
+                 "| run | n | " + " | ".join(h for _, h in METRICS) + " |",
+                 "| --- | ---: |" + " ---: |" * len(METRICS)]
+        for p in points:
+            done = values[p.label]
+            lines.append(f"| {p.label} | {len(done)} | "
+                         + " | ".join(_cell(t_test(list(series(done, k).values()))) for k, _ in METRICS) + " |")
+        pairs = list(dict.fromkeys([(selected, default), (selected, fedavg), (default, fedavg)]))  # once each
+        lines += ["", f"Paired differences by seed: mean [{pct} % Student-t interval] (n = seeds where both have a "
+                  "value). The selection confirms if utility stays within the rule's floor, the AIA difference to "
+                  "the default is negative with an interval below 0, and the Fairness Score difference's upper end "
+                  f"is <= {grid.rule['fairness']['max_upper']}.", "",
+                  "| difference | " + " | ".join(h for _, h in METRICS) + " |",
+                  "| --- |" + " ---: |" * len(METRICS)]
+        for a, b in pairs:
+            if a == b:
+                continue
+            cells = [_diff_cell(paired_t(series(values[a.label], k), series(values[b.label], k),
+                                         float(grid.rule["fairness"]["confidence"]))) for k, _ in METRICS]
+            lines.append(f"| {a.label} − {b.label} | " + " | ".join(cells) + " |")
+        confirmed, why = _confirmation(grid, values, selected, default)
+        word = ("default kept" if confirmed else "default kept, under the utility floor") if selected == default \
+            else ("confirmed" if confirmed else "not confirmed")
+        lines += ["", f"**Verdict: {word}** ({why})."]
+        if runs.failures:
+            lines += ["", "Failed runs (re-run the same command to retry them):", "",
+                      *[f"- {f}" for f in runs.failures]]
+        return Report("\n".join(lines) + "\n", "confirmation.md", suffix="-confirmation")
+
+
+def _header_tail(runs: Runs) -> str:
+    return (f"{len(runs.planned)} runs; this invocation took {runs.elapsed_s:.0f} s; the runs' own wall times sum to "
+            f"{runs.runs_wall_s:.0f} s")

@@ -2,10 +2,11 @@
 honest-but-curious server (attack=privacy), reported side by side.
 
     resfl privacy [--out runs/privacy-report] [--algorithms resfl fedavg]
-                  [--robustness [--byzantine-reports honest sent lie]] [--reuse] [HYDRA_OVERRIDE ...]
+                  [--robustness [--byzantine-reports honest sent lie]] [--jobs N] [HYDRA_OVERRIDE ...]
 
 Each algorithm is one run of the real entry point (`python -m resfl_lightning.train algorithm=A attack=privacy
-run_dir=OUT/A ...` plus the overrides), run one after the other. With --robustness each algorithm also gets a
+run_dir=OUT/A ...` plus the overrides), trained through the one experiment pipeline (analysis/execute.py: a finished
+run is reused once its saved config is what its command composes now). With --robustness each algorithm also gets a
 Byzantine run (attack=byzantine) and a poisoning run (attack=poisoning); their BA AD and DPA EODD are taken against
 the privacy run, which trains exactly like a clean run (the privacy attacks are passive: they run after aggregation
 on an isolated RNG) and logs test/eod. --byzantine-reports runs one Byzantine run per report mode (what attackers
@@ -16,13 +17,13 @@ OUT/privacy_report.json. Privacy Score = (MIA balanced accuracy + AIA balanced a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from resfl_lightning.analysis.compare import compare_runs, format_value, load_run
+from resfl_lightning.analysis.compare import compare_runs, format_value
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.run_records import recorded_wall
 
 ROWS = (
     ("mAP@50-95", "test/map"),
@@ -67,30 +68,8 @@ def robustness_runs(byzantine_reports: list[str]) -> list[tuple[str, str, str, l
     return runs + [("poisoning", "dpa_eodd", "poisoning", [])]
 
 
-def train_command(algorithm: str, attack: str, run_dir: Path, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "resfl_lightning.train", f"algorithm={algorithm}", f"attack={attack}",
-            f"run_dir={run_dir}", "progress=false", *overrides]
-
-
-def run_training(cmd: list[str], run_dir: Path, reuse: bool) -> float:
-    """Run one training subprocess (skipped with --reuse when its summary.json exists); returns the wall time.
-
-    Its output goes to <run_dir>.log beside the run directory (the tail is shown when it fails)."""
-    if reuse and (run_dir / "summary.json").is_file():
-        print(f"reusing {run_dir}", flush=True)
-        return 0.0
-    log = run_dir.with_name(run_dir.name + ".log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print("$ python " + " ".join(cmd[1:]) + f"   (log: {log})", flush=True)
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-40:])
-        raise RuntimeError(f"training run for {run_dir} failed with exit code {proc.returncode}:\n{tail}")
-    print(f"  done in {wall:.1f} s", flush=True)
-    return wall
+def run_overrides(algorithm: str, attack: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    return [f"algorithm={algorithm}", f"attack={attack}", f"run_dir={run_dir}", "progress=false", *overrides]
 
 
 def _fmt(v: Any) -> str:
@@ -123,30 +102,68 @@ def print_report(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def privacy_report(out: Path, algorithms: list[str], overrides: list[str], robustness: bool = False,
-                   byzantine_reports: tuple[str, ...] = ("honest",), reuse: bool = False) -> dict[str, Any]:
-    """Train (or reuse) every run, compare the attacked runs with the privacy run; returns the report (also written
-    to OUT/privacy_report.json). Raises RuntimeError / FileNotFoundError naming a failed run."""
-    bad = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in ("algorithm", "attack", "run_dir")]
-    if bad:
-        raise ValueError(f"{bad}: algorithm, attack and run_dir are set by the report")
-    report: dict[str, Any] = {"overrides": overrides, "runs": {}}
-    for algo in algorithms:
-        run_dir = out / algo
-        wall = run_training(train_command(algo, "privacy", run_dir, overrides), run_dir, reuse)
-        entry: dict[str, Any] = {"run_dir": str(run_dir), "wall_s": wall, "metrics": load_run(run_dir)["summary"]}
-        if robustness:
-            entry["robustness"] = {}
-            for attack, key, name, extra in robustness_runs(list(byzantine_reports)):
-                attacked = out / f"{algo}-{name}"
-                entry["wall_s"] += run_training(train_command(algo, attack, attacked, overrides + extra), attacked,
-                                                reuse)
-                cmp = compare_runs(load_run(run_dir), load_run(attacked))
-                (attacked / "comparison.json").write_text(json.dumps(cmp, indent=2, sort_keys=True))
-                metric = "ba_ad" if attack == "byzantine" else key
-                entry["robustness"][key] = cmp["metrics"][metric]["value"]
-                entry["robustness"][f"{key}_detail"] = cmp["metrics"][metric]
-        report["runs"][algo] = entry
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "privacy_report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    return report
+class PrivacyComparison(Experiment):
+    """RESFL and FedAvg (ctx.options `algorithms`) attacked for privacy, with ctx.options `robustness` a Byzantine
+    run per report mode (`byzantine_reports`) and a poisoning run each; privacy.md and privacy_report.json."""
+
+    writer = "resfl privacy"
+
+    def default_out(self, ctx: Context) -> Path:
+        return Path("runs") / "privacy-report"
+
+    def attacked(self, ctx: Context) -> list[tuple[str, str, str, list[str]]]:
+        return robustness_runs(list(ctx.options.get("byzantine_reports", ("honest",)))) if ctx.options.get(
+            "robustness") else []
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        bad = [o for o in ctx.overrides if o.split("=", 1)[0].lstrip("+~") in ("algorithm", "attack", "run_dir")]
+        if bad:
+            raise ExperimentError(f"{bad}: algorithm, attack and run_dir are set by the report")
+        planned = []
+        for algo in ctx.options.get("algorithms", ("resfl", "fedavg")):
+            planned.append(PlannedRun(algo, run_overrides(algo, "privacy", out / algo, ctx.overrides)))
+            for attack, _, name, extra in self.attacked(ctx):
+                planned.append(PlannedRun(f"{algo}-{name}", run_overrides(algo, attack, out / f"{algo}-{name}",
+                                                                          [*ctx.overrides, *extra])))
+        return planned
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        report: dict[str, Any] = {"overrides": ctx.overrides, "runs": {}}
+        for algo in ctx.options.get("algorithms", ("resfl", "fedavg")):
+            run = runs.get(algo)
+            entry: dict[str, Any] = {"run_dir": str(runs.dir(algo)), "wall_s": recorded_wall(runs.dir(algo)) or 0.0,
+                                     "metrics": {} if run is None else run.summary}
+            if ctx.options.get("robustness"):
+                entry["robustness"] = {}
+                for attack, key, name, _ in self.attacked(ctx):
+                    attacked = runs.get(f"{algo}-{name}")
+                    entry["wall_s"] += recorded_wall(runs.dir(f"{algo}-{name}")) or 0.0
+                    if run is None or attacked is None:
+                        entry["robustness"][key] = None
+                        continue
+                    cmp = compare_runs(run, attacked)
+                    (attacked.path / "comparison.json").write_text(json.dumps(cmp, indent=2, sort_keys=True))
+                    metric = "ba_ad" if attack == "byzantine" else key
+                    entry["robustness"][key] = cmp["metrics"][metric]["value"]
+                    entry["robustness"][f"{key}_detail"] = cmp["metrics"][metric]
+            report["runs"][algo] = entry
+        self.result = report
+        return Report(markdown(report, ctx), "privacy.md",
+                      files={"privacy_report.json": json.dumps(report, indent=2, sort_keys=True)})
+
+
+def markdown(report: dict[str, Any], ctx: Context) -> str:
+    """The printed table as markdown (privacy.md)."""
+    algos = list(report["runs"])
+    lines = [f"# Privacy under an honest-but-curious server: {', '.join(algos)} (overrides: "
+             f"{' '.join(ctx.overrides) or 'none'})", "", "Lower SR / score = more private.", "",
+             "| metric | " + " | ".join(algos) + " |", "| --- |" + " ---: |" * len(algos)]
+    for label, keys in ROWS:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        lines.append(f"| {label} | " + " | ".join(" / ".join(_fmt(report["runs"][a]["metrics"].get(k)) for k in keys)
+                                                  for a in algos) + " |")
+    robust = {a: report["runs"][a].get("robustness", {}) for a in algos}
+    if any(robust.values()):
+        lines += [f"| {label} | " + " | ".join(_fmt(robust[a].get(key)) for a in algos) + " |"
+                  for label, key in ROBUSTNESS_ROWS]
+    return "\n".join(lines) + "\n"

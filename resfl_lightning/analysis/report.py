@@ -10,51 +10,29 @@ embeds them with the summary table (default DIR: RUN_DIR/report for one run, ./r
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.analysis import run_data
+from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.values import finite
 
 SUMMARY_PREFIXES = ("test/", "score/", "attack/")
 SUMMARY_SKIP = re.compile(r"^test/(mean_evidence|selection_rate|fpr|tpr)/|^attack/byzantine/client_")
 
 
-@dataclass
-class RunData:
-    name: str
-    path: Path
-    rows: list[dict]
-    summary: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)
-
-
 def load_run(run_dir: Path | str) -> RunData:
-    """metrics.jsonl (required: one JSON object per round), summary.json and config.yaml (optional)."""
-    path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
+    """The run with its per-round rows, which every report figure reads (errors name the file)."""
+    metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
-        raise FileNotFoundError(f"{metrics} not found: is {path} a run directory (runs/<run_name>)?")
-    rows = []
-    for n, line in enumerate(metrics.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{metrics}:{n}: not a JSON object ({err})") from err
-    if not rows:
+        raise FileNotFoundError(f"{metrics} not found: is {run_dir} a run directory (runs/<run_name>)?")
+    run = run_data.load_run(run_dir)
+    if not run.rows:
         raise ValueError(f"{metrics} holds no round")
-    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
-    config = {}
-    if (path / "config.yaml").is_file():
-        from omegaconf import OmegaConf
-
-        config = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
-    return RunData(name=path.name, path=path, rows=rows, summary=summary, config=config)
+    return run
 
 
 def round_series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

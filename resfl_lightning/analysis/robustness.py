@@ -4,24 +4,20 @@ with the same defence's clean run of the same seed. Per cell: BA AD (relative ut
 Student-t interval over seeds, utility, ΔEOD vs clean and the attackers' share of the aggregation weight; per defence
 the worst case over attacks; the decision rule on resfl_robust; a figure of worst-case BA AD vs f/n.
 
-Pure functions build the cells and read the numbers; make_robustness_table trains what is missing through
-analysis/runner.py (resumable, a failed run never stops the others) and writes the markdown and the figure."""
+Pure functions build the cells and read the numbers; RobustnessGrid declares the grid to analysis/execute.py, which
+trains what is missing (resumable, a failed run never stops the others) and writes the markdown and the figure."""
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis import run_ledger
-from resfl_lightning.analysis.experiment import ExperimentError, raise_failures, refuse_stale
-from resfl_lightning.analysis.finished_run import finished_run
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.attacks.byzantine import count_from_fraction
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
@@ -206,23 +202,15 @@ def unpaired_runs(grid: dict, cells: list[Cell], seeds: list[int], out: Path) ->
 WEIGHT_SHARE = "attack/byzantine_weight_share"  # per round in metrics.jsonl
 
 
-def run_values(run_dir: Path) -> dict[str, float | None]:
+def run_values(run: RunData | None) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
-    rounds of a finished run; None where absent."""
-    run = finished_run(run_dir)
+    rounds of a finished run; None where absent (and everywhere for a run that has not finished)."""
     if run is None:
         return {"utility": None, "eod": None, "weight_share": None}
     utility = run.value("test/map")
     if utility is None:
         utility = run.value("test/accuracy")
-    shares = []
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
-            share = finite(row.get(WEIGHT_SHARE))
-            if share is not None:
-                shares.append(share)
+    shares = [share for row in run.rows if (share := finite(row.get(WEIGHT_SHARE))) is not None]
     return {"utility": utility, "eod": run.value("test/eod"),
             "weight_share": float(np.mean(shares)) if shares else None}
 
@@ -516,49 +504,54 @@ def figure(results: dict[Cell, CellResult], grid: dict, path: Path, title: str =
     return path
 
 
-def make_robustness_table(dataset: str, scenario: str, subset: str | None, seeds: int | None, jobs: int,
-                          out: Path, overrides: list[str], results_path: Path | None, command: str) -> Path:
-    """Train the missing runs of the (sub)grid, write DIR/robustness.md and DIR/robustness.png (and the results file
-    with its provenance, the figure beside it); returns DIR."""
-    from resfl_lightning.analysis.provenance import write_results
-    from resfl_lightning.analysis.run_settings import composed_settings
+class RobustnessGrid(Experiment):
+    """The grid of conf/table/robustness.yaml (ctx.options: `subset`, `seeds`): every cell's runs, each attacked
+    run checked to differ from its clean run only in the attack and the assumed f (planned and trained), then
+    robustness.md (BA AD per cell, worst cases, the decision rule) and robustness.png."""
 
-    grid = select(load_grid(), subset)
-    seed_list = list(range(grid["seeds"] if seeds is None else seeds))
-    cells = grid_cells(grid)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    jobs_list = [(run_dir_for(out, c, s), train_overrides(dataset, scenario, grid, c, s, out, overrides))
-                 for s in seed_list for c in cells]
-    unpaired = unpaired_cells(grid, cells, lambda c: composed_settings(
-        train_overrides(dataset, scenario, grid, c, seed_list[0], out, overrides)))
-    if unpaired:
-        raise ExperimentError(f"{len(unpaired)} attacked cells would differ from their clean runs beyond the attack "
-                              "(conf/table/robustness.yaml or the overrides set it):\n" + "\n".join(unpaired))
-    refuse_stale(jobs_list, out)
-    run_ledger.keep({"metrics.jsonl": ("round", WEIGHT_SHARE)})  # what run_values reads beyond the summary
-    failures = run_jobs(jobs_list, jobs)
-    unpaired = unpaired_runs(grid, cells, seed_list, out)
-    if unpaired:
-        raise ExperimentError(f"{len(unpaired)} finished attacked runs in {out} were trained with other settings "
-                              "than their clean runs beyond the attack; move them away and run again:\n"
-                              + "\n".join(unpaired))
-    values = {(c, s): run_values(run_dir_for(out, c, s)) for s in seed_list for c in cells}
-    results = cell_results(values, cells, seed_list)
-    total = time.perf_counter() - t0
-    run_walls = summed_wall(run_dir for run_dir, _ in jobs_list)  # the timings travel with each run in the ledger
-    part = f", subset {subset!r} of the pre-registered grid" if subset else ""
-    title = (f"# Byzantine robustness, {dataset}, scenario {scenario}{part}: {len(cells)} cells x {len(seed_list)} "
-             f"seeds ({len(jobs_list)} runs; {len(failures)} failed; this invocation took {total:.0f} s with "
-             f"--jobs {jobs}; the runs' own wall times sum to {run_walls:.0f} s)")
-    body = markdown(results, grid, title, seed_list)
-    (out / "robustness.md").write_text(body)
-    caption = (f"{dataset}, {scenario}{f', subset {subset}' if subset else ''}: worst case over attacks and report "
-               f"modes, mean and 95 % t-interval over seeds {seed_list[0]}-{seed_list[-1]}")
-    figure(results, grid, out / "robustness.png", caption)
-    if results_path is not None:
-        png = figure(results, grid, results_path.with_suffix(".png"), caption)
-        write_results(results_path, body + f"\n![worst-case BA AD vs f/n]({png.name})\n", command, wall_s=total,
-                      runs_wall_s=run_walls, writer="resfl robustness")
-    raise_failures(failures, len(jobs_list), out)
-    return out
+    writer = "resfl robustness"
+    keep = {"metrics.jsonl": ("round", WEIGHT_SHARE)}  # what run_values reads beyond the summary
+
+    def grid(self, ctx: Context) -> dict:
+        return select(load_grid(self.grid_path), ctx.options.get("subset"))
+
+    def seeds(self, ctx: Context, grid: dict) -> list[int]:
+        n = ctx.options.get("seeds")
+        return list(range(grid["seeds"] if n is None else n))
+
+    def default_out(self, ctx: Context) -> Path:
+        subset = ctx.options.get("subset")
+        return Path("runs") / "-".join(["robustness", ctx.dataset, ctx.scenario, *([subset] if subset else [])])
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        grid = self.grid(ctx)
+        return [PlannedRun(run_dir_for(out, c, s).name,
+                           train_overrides(ctx.dataset, ctx.scenario, grid, c, s, out, ctx.overrides))
+                for s in self.seeds(ctx, grid) for c in grid_cells(grid)]
+
+    def unpaired_plan(self, ctx: Context, out: Path, planned: list[PlannedRun]) -> list[str]:
+        from resfl_lightning.analysis.run_settings import composed_settings
+
+        grid = self.grid(ctx)
+        first = self.seeds(ctx, grid)[0]
+        return unpaired_cells(grid, grid_cells(grid), lambda c: composed_settings(
+            train_overrides(ctx.dataset, ctx.scenario, grid, c, first, out, ctx.overrides)))
+
+    def unpaired_runs(self, ctx: Context, runs: Runs) -> list[str]:
+        grid = self.grid(ctx)
+        return unpaired_runs(grid, grid_cells(grid), self.seeds(ctx, grid), runs.out)
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        grid = self.grid(ctx)
+        seeds, cells, subset = self.seeds(ctx, grid), grid_cells(grid), ctx.options.get("subset")
+        values = {(c, s): run_values(runs.get(run_dir_for(runs.out, c, s).name)) for s in seeds for c in cells}
+        results = cell_results(values, cells, seeds)
+        part = f", subset {subset!r} of the pre-registered grid" if subset else ""
+        title = (f"# Byzantine robustness, {ctx.dataset}, scenario {ctx.scenario}{part}: {len(cells)} cells x "
+                 f"{len(seeds)} seeds ({len(runs.planned)} runs; {len(runs.failures)} failed; this invocation took "
+                 f"{runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; the runs' own wall times sum to "
+                 f"{runs.runs_wall_s:.0f} s)")
+        caption = (f"{ctx.dataset}, {ctx.scenario}{f', subset {subset}' if subset else ''}: worst case over attacks "
+                   f"and report modes, mean and 95 % t-interval over seeds {seeds[0]}-{seeds[-1]}")
+        body = markdown(results, grid, title, seeds) + "\n![worst-case BA AD vs f/n](robustness.png)\n"
+        return Report(body, "robustness.md", {"robustness.png": lambda path: figure(results, grid, path, caption)})

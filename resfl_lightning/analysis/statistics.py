@@ -98,6 +98,7 @@ class Claim:
     source: str
     relative: float | None = None  # the paper's effect as a fraction of the baseline's mean; None: directional only
     note: str | None = None
+    chance: float | None = None  # the column's chance level: a reference whose interval holds it has nothing to lower
 
 
 def load_claims(path: Path | None = None) -> list[Claim]:
@@ -289,7 +290,9 @@ def judge_claim(claim: Claim, records: dict[str, dict[int, SeedRecord]], cells: 
         if fate is None or fate.n < 2:
             return ClaimResult(claim, "not testable", f"FATE over {0 if fate is None else fate.n} common seeds")
         v = verdict(fate.low, fate.high, fate.n, None, claim.direction)
-        text = f"FATE {fate.value:+.3f} [{fate.low:+.3f}, {fate.high:+.3f}] (n = {fate.n})"
+        planned = len(records[claim.method])
+        text = f"FATE {fate.value:+.3f} [{fate.low:+.3f}, {fate.high:+.3f}] (n = {fate.n}" + (
+            f" of {planned} seeds; the others failed, did not learn or have no value)" if fate.n < planned else ")")
         if v == "not detected" and fate.se > 0:
             text += f"; {_seeds_text(fate.value / (fate.se * math.sqrt(fate.n)), settings)} would decide"
         return ClaimResult(claim, v, text)
@@ -302,9 +305,18 @@ def judge_claim(claim: Claim, records: dict[str, dict[int, SeedRecord]], cells: 
         return ClaimResult(claim, "not testable", f"{diff.n} seeds where both have a value"
                            + (f" ({why})" if why and diff.n == 0 else ""))
     seeds = common_seeds(a, b)
+    planned = len(records[claim.method])
+    judged = f"n = {diff.n}" + (f" of {planned} seeds; the others failed, did not learn or have no value"
+                                if diff.n < planned else "")
+    if claim.chance is not None:
+        reference = t_test([b[s] for s in seeds], settings.confidence)
+        if reference.low <= claim.chance <= reference.high:
+            return ClaimResult(claim, "not testable", f"{settings.baseline} is at chance ({reference.mean:.4f} "
+                               f"[{reference.low:.4f}, {reference.high:.4f}] holds {claim.chance}; {judged}): "
+                               "nothing to lower")
     paper = None if claim.relative is None else claim.relative * float(np.mean([b[s] for s in seeds]))
     v = verdict(diff.low, diff.high, diff.n, paper, claim.direction)
-    text = f"difference {diff.mean:+.4f} [{diff.low:+.4f}, {diff.high:+.4f}] (n = {diff.n})"
+    text = f"difference {diff.mean:+.4f} [{diff.low:+.4f}, {diff.high:+.4f}] ({judged})"
     rel = relative_change(a, b, settings.confidence)
     if math.isfinite(rel.value) and rel.n >= 2:
         text += f", relative {100 * rel.value:+.1f} % [{100 * rel.low:+.1f} %, {100 * rel.high:+.1f} %]"

@@ -16,8 +16,8 @@ DIR/table.md, DIR/table.csv, DIR/pareto.png (a W&B Table with --wandb, and a res
 from __future__ import annotations
 
 import csv
+import io
 import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,10 +26,8 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
 from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.run_settings import finished_run_mismatch
-from resfl_lightning.analysis.runner import is_finished, run_jobs
 from resfl_lightning.analysis.statistics import (
     Cell,
     Claim,
@@ -97,22 +95,6 @@ def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir
             f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
 
 
-def stale_runs(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenario: str,
-               overrides: list[str]) -> list[str]:
-    """Finished runs (which the table would skip) whose saved config differs from what their command composes to
-    now: an older preset or other ARGS. One line each, naming the run and the first differing settings."""
-    stale = []
-    for m, s, a in jobs:
-        rd = run_dir_for(out, m, s, a)
-        if not is_finished(rd):
-            continue
-        diff = finished_run_mismatch(rd, train_overrides(dataset, scenario, m, s, rd, a, overrides))
-        if diff:
-            more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
-            stale.append(f"{rd}: " + "; ".join(diff[:4]) + more)
-    return stale
-
-
 def seed_runs(out: Path, method: str, seed: int, attacks: list[str]) -> SeedRuns:
     """The run directories of one (method, seed); attacked runs only when they finished."""
     attacked = {a: run_dir_for(out, method, seed, a) for a in attacks if a != "privacy"}
@@ -142,7 +124,7 @@ def seed_record(out: Path, method: str, seed: int, columns: list[Column], attack
             record.reasons[c.key] = c.why_missing(runs)
         if isinstance(c, Fate):
             record.fate_inputs = c.inputs(runs)
-    summary = runs.run["summary"]
+    summary = runs.run.summary
     record.floor = below_utility_floor(summary, settings.map50_floor)
     record.aia_fallback = summary.get("attack/aia_gt_box_fallback") == 1.0
     return record
@@ -253,9 +235,9 @@ def empty_columns(cells: dict[str, dict[str, Cell]], columns: list[Column]) -> d
     return empty
 
 
-def write_outputs(out: Path, cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, SeedRecord]],
-                  header: str, columns: list[Column], settings: StatisticsSettings, claims: list[Claim]) -> None:
-    rows = [csv_row(method, c, row[c.key]) for method, row in cells.items() for c in columns]
+def table_lines(cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, SeedRecord]], header: str,
+                columns: list[Column], settings: StatisticsSettings, claims: list[Claim]) -> list[str]:
+    """table.md's comparison: the values with their intervals, notes, paired differences, power and verdicts."""
     empty = empty_columns(cells, columns)
     columns = [c for c in columns if c.header not in empty]
     lines = [header, *legend_lines(cells, columns, settings),
@@ -269,15 +251,23 @@ def write_outputs(out: Path, cells: dict[str, dict[str, Cell]], records: dict[st
     lines += difference_lines(cells, columns, settings)
     lines += power_lines(cells, columns, settings)
     lines += verdict_lines(records, cells, columns, claims, settings)
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    with (out / "table.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    return lines
+
+
+def csv_text(cells: dict[str, dict[str, Cell]], columns: list[Column]) -> str:
+    rows = [csv_row(method, c, row[c.key]) for method, row in cells.items() for c in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def draw_pareto(cells: dict[str, dict[str, Cell]], header: str, path: Path) -> None:
     from resfl_lightning.evaluation.pareto import plot_pareto
 
     pareto = {m: {k: (cell.interval, cell.diff) for k, cell in row.items()} for m, row in cells.items()}
-    plot_pareto(pareto, out / "pareto.png", title=header.lstrip("# ").split(" (")[0])  # no timing in the figure
+    plot_pareto(pareto, path, title=header.lstrip("# ").split(" (")[0])  # no timing in the figure
 
 
 def csv_row(method: str, column: Column, cell: Cell) -> dict:
@@ -378,19 +368,6 @@ def default_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
     return Path("runs") / "-".join(["table", dataset, scenario, *tags])
 
 
-def run_all(jobs: list[tuple[str, int, str]], out: Path, dataset: str, scenario: str, overrides: list[str],
-            workers: int) -> list[str]:
-    """Train every (method, seed, attack) not finished yet, `workers` at a time (analysis/runner.py); returns the
-    failures' messages."""
-    from resfl_lightning.analysis import run_ledger
-
-    # the mechanism lines read every per-round row, the columns compare.load_run's Hydra config
-    run_ledger.keep({"metrics.jsonl": run_ledger.ALL_KEYS, ".hydra/config.yaml": run_ledger.ALL_KEYS})
-    return run_jobs([(run_dir_for(out, m, s, a),
-                      train_overrides(dataset, scenario, m, s, run_dir_for(out, m, s, a), a, overrides))
-                     for m, s, a in jobs], workers)
-
-
 def table_seeds(dataset: str, seeds: int | None, primary_seeds: int | None,
                 settings: StatisticsSettings) -> tuple[int, int]:
     """(seeds of every method, seeds of the primary methods): the flags, else conf/table/statistics.yaml's defaults
@@ -418,61 +395,64 @@ def table_runs(seed_sets: dict[str, list[int]], attacks: list[str]) -> list[tupl
     return [(m, s, a) for s in range(last + 1) for m, ss in seed_sets.items() if s in ss for a in attacks]
 
 
-def make_table(dataset: str, scenario: str, methods: list[str] | None, seeds: int | None, robustness: bool,
-               jobs: int, out: Path | None, overrides: list[str], wandb: bool = False, results: Path | None = None,
-               command: str = "resfl table", primary_seeds: int | None = None) -> Path:
-    """Train what is missing, write DIR/table.md, table.csv, pareto.png (and the results file); returns DIR.
+class MethodTable(Experiment):
+    """Every method (a preset of conf/algorithm/, or ctx.options `methods`) x seed, with the privacy attacks (and,
+    with ctx.options `robustness`, the attacked runs the columns read), then table.md, table.csv and pareto.png
+    (conf/table/: columns.yaml, statistics.yaml, claims.yaml). ctx.options: methods, seeds, primary_seeds,
+    robustness, wandb."""
 
-    A failed run does not stop the table: it is written with the failure shown, then ExperimentError names the failures
-    (a re-invocation retries them)."""
-    from resfl_lightning.analysis.provenance import write_results
+    writer = "resfl table"
+    # the mechanism lines read every per-round row, the columns compare's Hydra config
+    keep = {"metrics.jsonl": None, ".hydra/config.yaml": None}
 
-    settings, claims = load_statistics(), load_claims()
-    if settings.baseline != BASELINE:
-        raise ExperimentError(f"conf/table/statistics.yaml: baseline {settings.baseline!r}: the table's run "
-                              "directories "
-                         f"pair every method with {BASELINE!r}")
-    presets = algorithm_presets()
-    methods = presets if methods is None else methods
-    unknown = [m for m in methods if m not in presets]
-    if unknown:
-        raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
-    if BASELINE not in methods:
-        methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
-    if jobs < 1:
-        raise ExperimentError(f"--jobs must be >= 1, got {jobs}")
-    n_seeds, n_primary = table_seeds(dataset, seeds, primary_seeds, settings)
-    seed_sets = method_seeds(methods, n_seeds, n_primary, settings)
-    columns = load_columns()
-    out = out or default_out(dataset, scenario, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    attacks = ["privacy", *(dict.fromkeys(a for c in columns for a in c.attacks()) if robustness else ())]
-    t0 = time.perf_counter()
-    runs = table_runs(seed_sets, attacks)
-    stale = stale_runs(runs, out, dataset, scenario, overrides)
-    if stale:
-        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
-                         "gives them (older table preset or other ARGS); a table mixing them would compare unlike "
-                         "runs. Move them away or pass --out DIR:\n" + "\n".join(stale))
-    failures = run_all(runs, out, dataset, scenario, overrides, jobs)
-    records = {m: {s: seed_record(out, m, s, columns, attacks, settings) for s in ss} for m, ss in seed_sets.items()}
-    cells = summarise(records, columns, settings)
-    total = time.perf_counter() - t0
-    run_walls = summed_wall(run_dir_for(out, m, s, a) for m, s, a in runs)
-    more = [m for m in methods if len(seed_sets[m]) > n_seeds]
-    seeds_text = f"{n_seeds} seeds" + (f" ({n_primary} seeds for {', '.join(more)})" if more else "")
-    header = (f"# {dataset}, scenario {scenario}: {len(methods)} methods x {seeds_text} "
-              f"({len(runs)} runs; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall "
-              f"times sum to {run_walls:.0f} s)")
-    write_outputs(out, cells, records, header, columns, settings, claims)
-    with (out / "table.md").open("a") as fh:
-        fh.write("\n".join(mechanism_lines(out, seed_sets, records)) + "\n")
-        fh.write("".join(f"{line}\n" for line in dp_section(out, seed_sets, records)))
-    if wandb:
-        log_wandb_table(out, project="resfl-lightning")
-    if results is not None:
-        write_results(results, (out / "table.md").read_text(), command, wall_s=total, runs_wall_s=run_walls)
-    if failures:
-        raise ExperimentError(f"{len(failures)} of {len(runs)} runs failed (the table in {out} shows them as failed; "
-                         "re-run the same command to retry them):\n" + "\n".join(failures))
-    return out
+    def setup(self, ctx: Context):
+        """(settings, claims, columns, seed sets, attacks) of the table ctx asks for; errors name the option."""
+        settings, claims = load_statistics(), load_claims()
+        if settings.baseline != BASELINE:
+            raise ExperimentError(f"conf/table/statistics.yaml: baseline {settings.baseline!r}: the table's run "
+                                  f"directories pair every method with {BASELINE!r}")
+        presets = algorithm_presets()
+        methods = ctx.options.get("methods") or presets
+        unknown = [m for m in methods if m not in presets]
+        if unknown:
+            raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
+        if BASELINE not in methods:
+            methods = [BASELINE, *methods]  # every paired difference and FATE needs the FedAvg runs
+        n_seeds, n_primary = table_seeds(ctx.dataset, ctx.options.get("seeds"), ctx.options.get("primary_seeds"),
+                                         settings)
+        columns = load_columns()
+        attacks = ["privacy", *(dict.fromkeys(a for c in columns for a in c.attacks())
+                                if ctx.options.get("robustness") else ())]
+        return settings, claims, columns, method_seeds(methods, n_seeds, n_primary, settings), attacks, n_seeds
+
+    def default_out(self, ctx: Context) -> Path:
+        return default_out(ctx.dataset, ctx.scenario, ctx.overrides)
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        *_, seed_sets, attacks, _ = self.setup(ctx)
+        return [PlannedRun(run_dir_for(out, m, s, a).name,
+                           train_overrides(ctx.dataset, ctx.scenario, m, s, run_dir_for(out, m, s, a), a,
+                                           ctx.overrides))
+                for m, s, a in table_runs(seed_sets, attacks)]
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        settings, claims, columns, seed_sets, attacks, n_seeds = self.setup(ctx)
+        out = runs.out
+        records = {m: {s: seed_record(out, m, s, columns, attacks, settings) for s in ss}
+                   for m, ss in seed_sets.items()}
+        cells = summarise(records, columns, settings)
+        more = [m for m in seed_sets if len(seed_sets[m]) > n_seeds]
+        n_primary = max(len(ss) for ss in seed_sets.values())
+        seeds_text = f"{n_seeds} seeds" + (f" ({n_primary} seeds for {', '.join(more)})" if more else "")
+        header = (f"# {ctx.dataset}, scenario {ctx.scenario}: {len(seed_sets)} methods x {seeds_text} "
+                  f"({len(runs.planned)} runs; this invocation took {runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; "
+                  f"the runs' own wall times sum to {runs.runs_wall_s:.0f} s)")
+        lines = table_lines(cells, records, header, columns, settings, claims)
+        text = "\n".join(lines) + "\n" + "\n".join(mechanism_lines(out, seed_sets, records)) + "\n"
+        text += "".join(f"{line}\n" for line in dp_section(out, seed_sets, records))
+        table_csv = csv_text(cells, columns)
+        if ctx.options.get("wandb"):
+            (out / "table.csv").write_text(table_csv)
+            log_wandb_table(out, project="resfl-lightning")
+        return Report(text, "table.md", {"pareto.png": lambda path: draw_pareto(cells, header, path)},
+                      {"table.csv": table_csv})

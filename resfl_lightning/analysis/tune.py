@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from resfl_lightning.analysis.finished_run import finished_run
-from resfl_lightning.analysis.run_records import summed_wall
-from resfl_lightning.analysis.run_settings import composed_settings, flatten, stale_runs
-from resfl_lightning.analysis.runner import run_jobs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.run_data import finished_run
+from resfl_lightning.analysis.run_settings import composed_settings, flatten
 from resfl_lightning.analysis.table import algorithm_presets, default_out, table_preset
 from resfl_lightning.analysis.tune_grid import (
     SCALE,
@@ -103,7 +101,7 @@ def run_values(run_dir: Path, settings: TuneSettings) -> dict | None:
     """The rule's values of one finished run (None: it did not finish): validation utility, whether it is below the
     utility floor on validation (why, or None), the fairness metric and (DP methods) the largest epsilon a client
     spent."""
-    run = finished_run(run_dir)
+    run = finished_run(run_dir)  # analysis/run_data.py: the one reader
     if run is None:
         return None
     return {"task": run.task, "utility": run.value(settings.utility[run.task]),
@@ -341,72 +339,75 @@ def check_user_overrides(user: list[str], grids: dict[str, list[tuple[str, ...]]
                             "unequal")
 
 
-def run_tune(dataset: str, scenario: str, methods: list[str] | None, overrides: list[str], jobs: int,
-             seeds: list[int] | None = None, trials: int | None = None, out: Path | None = None,
-             results: Path | None = None, tuned_dir: Path | None = None, command: str = "resfl tune") -> Path:
-    """Train every (method, trial, seed) not finished yet, select, write OUT/tune.md, OUT/selection.json, RESULTS and
-    the tuned files (into TUNED_DIR/<dataset>/, default conf/tuned/); returns OUT."""
-    from resfl_lightning.analysis.provenance import write_results
+class Tune(Experiment):
+    """The equal tuning budget of conf/table/tune.yaml (ctx.options: methods, seeds, trials, tuned_dir): every
+    method's trials x tuning seeds (and the rule's reference presets), then tune.md, selection.json, the trial log
+    (published by default as docs/results/tune-<dataset>-<scenario>.md) and the tuned files it selects."""
 
-    settings = load_settings()
-    presets = algorithm_presets()
-    methods = presets if methods is None else methods
-    unknown = [m for m in methods if m not in presets]
-    if unknown:
-        raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
-    seeds = checked_seeds(list(settings.seeds_for(dataset) if seeds is None else seeds))
-    k = settings.trials if trials is None else trials
-    if not 1 <= k <= settings.trials:
-        raise ExperimentError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
-    if jobs < 1:
-        raise ExperimentError(f"--jobs must be >= 1, got {jobs}")
-    user = [o for o in overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases reads it)
-    grids = {m: load_grid(m, settings)[:k] for m in methods}
-    check_user_overrides(overrides, grids)
-    out = out or tune_out(dataset, scenario, overrides)
-    results = results or results_path(dataset, scenario, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    # the reference presets run too (trial 0 only) when their method is not tuned here
-    reference_only = [m for m in settings.reference_methods(methods) if m not in methods]
-    bases = frozen_bases(out, dataset, [*methods, *reference_only], overrides)
-    run_trials = {m: trials_as_run(grids[m], [*common_overrides(dataset, scenario, m), *bases[m]["overrides"], *user])
-                  for m in methods} | {m: [[]] for m in reference_only}
-    jobs_list = [(run_dir_for(out, m, t, s),
-                  run_overrides(dataset, scenario, m, s, run_dir_for(out, m, t, s), bases[m]["overrides"],
-                                run_trials[m][t], user))
-                 for s in seeds for m in [*methods, *reference_only] for t in range(len(run_trials[m]))]
-    stale = stale_runs(jobs_list)
-    if stale:
-        raise ExperimentError(f"{len(stale)} finished runs in {out} were trained with other settings than this command "
-                        "gives them; move them away or pass --out DIR:\n" + "\n".join(stale))
-    t0 = time.perf_counter()
-    failures = run_jobs(jobs_list, jobs)
-    references = References.read(out, seeds, settings)  # read once, for every method
-    tunings = [tune_method(m, grids[m], run_trials[m], bases[m], out, seeds, settings, references) for m in methods]
-    tasks = {v["task"] for t in tunings for runs in t.values.values() for v in runs.values() if v is not None}
-    task = tasks.pop() if len(tasks) == 1 else "classification"
-    tuned_root = tuned_dir or conf_dir() / "tuned"
-    evidence = recorded_path(results)
-    planned = {t.method: plan_tuned_file(t, dataset, tuned_root / dataset / f"{t.method}.yaml", command, evidence,
-                                         seeds) for t in tunings}
-    total = time.perf_counter() - t0
-    run_walls = summed_wall(rd for rd, _ in jobs_list)
-    budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
-    reference_runs = (f", plus {' and '.join(reference_only)}'s preset as the rule's reference" if reference_only
-                      else "")
-    header = (f"# Tuning budget: {dataset}, scenario {scenario} ({len(methods)} methods x {budget} x {len(seeds)} "
-              f"tuning seeds {seeds}{reference_runs}; {len(jobs_list)} runs; selection rule version "
-              f"{settings.version}; this invocation took {total:.0f} s with --jobs {jobs}; the runs' own wall times "
-              f"sum to {run_walls:.0f} s)")
-    text = tune_markdown(header, settings, tunings, seeds, task, failures, references.learned)
-    (out / "tune.md").write_text(text)
-    (out / "selection.json").write_text(json.dumps({t.method: selection_record(t) for t in tunings}, indent=1))
-    write_results(results, text, command, wall_s=total, runs_wall_s=run_walls, writer="resfl tune")
-    for m, planned_text in planned.items():
-        if planned_text is not None:
-            write_tuned_file(tuned_root / dataset / f"{m}.yaml", planned_text)
-    if failures:
-        raise ExperimentError(f"{len(failures)} of {len(jobs_list)} runs failed (the trial log in {out} shows them; "
-                              "re-run "
-                        "the same command to retry them):\n" + "\n".join(failures))
-    return out
+    writer = "resfl tune"
+
+    def setup(self, ctx: Context, out: Path) -> dict:
+        settings = load_settings()
+        presets = algorithm_presets()
+        methods = ctx.options.get("methods") or presets
+        unknown = [m for m in methods if m not in presets]
+        if unknown:
+            raise ExperimentError(f"--methods: unknown {unknown}; choose from {', '.join(presets)}")
+        seeds = ctx.options.get("seeds")
+        seeds = checked_seeds(list(settings.seeds_for(ctx.dataset) if seeds is None else seeds))
+        k = settings.trials if ctx.options.get("trials") is None else ctx.options["trials"]
+        if not 1 <= k <= settings.trials:
+            raise ExperimentError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
+        user = [o for o in ctx.overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases)
+        grids = {m: load_grid(m, settings)[:k] for m in methods}
+        check_user_overrides(ctx.overrides, grids)
+        out.mkdir(parents=True, exist_ok=True)
+        # the reference presets run too (trial 0 only) when their method is not tuned here
+        reference_only = [m for m in settings.reference_methods(methods) if m not in methods]
+        bases = frozen_bases(out, ctx.dataset, [*methods, *reference_only], ctx.overrides)
+        run_trials = {m: trials_as_run(grids[m], [*common_overrides(ctx.dataset, ctx.scenario, m),
+                                                  *bases[m]["overrides"], *user]) for m in methods}
+        run_trials |= {m: [[]] for m in reference_only}
+        return {"settings": settings, "methods": methods, "seeds": seeds, "k": k, "user": user, "grids": grids,
+                "reference_only": reference_only, "bases": bases, "run_trials": run_trials}
+
+    def default_out(self, ctx: Context) -> Path:
+        return tune_out(ctx.dataset, ctx.scenario, ctx.overrides)
+
+    def default_results(self, ctx: Context) -> Path:
+        return results_path(ctx.dataset, ctx.scenario, ctx.overrides)
+
+    def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
+        t = self.setup(ctx, out)
+        return [PlannedRun(run_dir_for(out, m, i, s).name,
+                           run_overrides(ctx.dataset, ctx.scenario, m, s, run_dir_for(out, m, i, s),
+                                         t["bases"][m]["overrides"], t["run_trials"][m][i], t["user"]))
+                for s in t["seeds"] for m in [*t["methods"], *t["reference_only"]]
+                for i in range(len(t["run_trials"][m]))]
+
+    def report(self, ctx: Context, runs: Runs) -> Report:
+        out = runs.out
+        t = self.setup(ctx, out)
+        settings, methods, seeds, k = t["settings"], t["methods"], t["seeds"], t["k"]
+        references = References.read(out, seeds, settings)  # read once, for every method
+        tunings = [tune_method(m, t["grids"][m], t["run_trials"][m], t["bases"][m], out, seeds, settings,
+                               references) for m in methods]
+        tasks = {v["task"] for tu in tunings for vs in tu.values.values() for v in vs.values() if v is not None}
+        task = tasks.pop() if len(tasks) == 1 else "classification"
+        tuned_root = ctx.options.get("tuned_dir") or conf_dir() / "tuned"
+        evidence = recorded_path(ctx.results or self.default_results(ctx))
+        planned = {tu.method: plan_tuned_file(tu, ctx.dataset, tuned_root / ctx.dataset / f"{tu.method}.yaml",
+                                              ctx.command, evidence, seeds) for tu in tunings}
+        budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
+        reference_only = t["reference_only"]
+        reference_runs = (f", plus {' and '.join(reference_only)}'s preset as the rule's reference" if reference_only
+                          else "")
+        header = (f"# Tuning budget: {ctx.dataset}, scenario {ctx.scenario} ({len(methods)} methods x {budget} x "
+                  f"{len(seeds)} tuning seeds {seeds}{reference_runs}; {len(runs.planned)} runs; selection rule "
+                  f"version {settings.version}; this invocation took {runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; "
+                  f"the runs' own wall times sum to {runs.runs_wall_s:.0f} s)")
+        text = tune_markdown(header, settings, tunings, seeds, task, runs.failures, references.learned)
+        selection = json.dumps({tu.method: selection_record(tu) for tu in tunings}, indent=1)
+        writes = [lambda m=m, text=text: write_tuned_file(tuned_root / ctx.dataset / f"{m}.yaml", text)
+                  for m, text in planned.items() if text is not None]
+        return Report(text, "tune.md", files={"selection.json": selection}, after=writes)

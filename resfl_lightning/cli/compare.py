@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb", action="store_true", help="also log the comparison to an offline W&B run")
     parser.add_argument("--wandb-project", default="resfl-lightning")
     args = parser.parse_args(argv)
-    from resfl_lightning.analysis.compare import compare_runs, load_run, log_wandb, print_table
+    from resfl_lightning.analysis.compare import compare_runs, log_wandb, print_table
+    from resfl_lightning.analysis.run_data import load_run
 
     try:
         clean, other = load_run(args.clean_run), load_run(args.other_run)

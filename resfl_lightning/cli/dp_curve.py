@@ -17,8 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from resfl_lightning.analysis.portable_paths import portable_command
-from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+from resfl_lightning.cli.experiment_args import add_run_options, context, execute_or_exit, experiment_parser, parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -35,14 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.seeds is not None and args.seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
-    from resfl_lightning.analysis.dp_curve import run_dp_curve
-    from resfl_lightning.analysis.experiment import ExperimentError
+    from resfl_lightning.analysis.dp_curve import DpCurve
 
     seeds = None if args.seeds is None else list(range(args.seeds))
-    try:
-        path = run_dp_curve(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out, args.results,
-                            args.grid, seeds, portable_command(["resfl", "dp-curve", *argv]))
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
-    print(path.read_text())
+    out, _ = execute_or_exit(DpCurve(), context(args, argv, "resfl dp-curve", grid=args.grid, seeds=seeds))
+    print((out / "dp-curve.md").read_text())
     return 0

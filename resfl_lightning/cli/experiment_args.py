@@ -52,3 +52,23 @@ def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
 
 def comma_list(text: str | None) -> list[str] | None:
     return None if text is None else [item.strip() for item in text.split(",")]
+
+
+def context(args: argparse.Namespace, argv: list[str], command: str, **options):
+    """The experiment's Context from the shared options; `command` is the subcommand as typed (`resfl table`)."""
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.portable_paths import portable_command
+
+    return Context(args.dataset, args.scenario, list(args.overrides), args.jobs,
+                   portable_command([*command.split(), *argv]), args.out, args.results, options)
+
+
+def execute_or_exit(experiment, ctx):
+    """analysis/execute.py's execute; its ExperimentError ends the command with the message (exit 1)."""
+    from resfl_lightning.analysis.execute import execute
+    from resfl_lightning.analysis.experiment import ExperimentError
+
+    try:
+        return execute(experiment, ctx)
+    except ExperimentError as err:
+        raise SystemExit(str(err)) from None

@@ -14,8 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from resfl_lightning.analysis.portable_paths import portable_command
-from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+from resfl_lightning.cli.experiment_args import add_run_options, context, execute_or_exit, experiment_parser, parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,22 +32,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.experiment import ExperimentError
-    from resfl_lightning.analysis.frontier import run_confirmation, run_frontier
+    from resfl_lightning.analysis.frontier import Frontier
 
-    command = portable_command(["resfl", "frontier", *argv])
     if args.point is not None and not args.confirm:
         raise SystemExit("--point names the point to confirm: use it with --confirm")
-    try:
-        if args.confirm:
-            out = run_confirmation(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,
-                                   args.results, args.grid, command, args.point)
-            print((out / "confirmation.md").read_text())
-        else:
-            out, selection = run_frontier(args.dataset, args.scenario, list(args.overrides), args.jobs, args.out,
-                                          args.results, args.grid, command)
-            print((out / "frontier.md").read_text())
-            print(selection.reason)
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
+    frontier = Frontier()
+    ctx = context(args, argv, "resfl frontier", grid=args.grid, confirm=args.confirm, point=args.point)
+    out, report = execute_or_exit(frontier, ctx)
+    print((out / report.name).read_text())
+    if not args.confirm:
+        print(frontier.selection.reason)
     return 0

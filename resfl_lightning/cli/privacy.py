@@ -10,11 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from resfl_lightning.analysis.privacy_report import print_report, privacy_report
 from resfl_lightning.attacks.byzantine import REPORT_MODES
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="resfl privacy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/privacy-report"), help="parent of the run directories")
@@ -22,17 +22,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
     parser.add_argument("--byzantine-reports", nargs="+", default=["honest"], choices=list(REPORT_MODES),
                         help="with --robustness: one Byzantine run per report mode (attack.byzantine.report)")
-    parser.add_argument("--reuse", action="store_true", help="skip runs whose summary.json already exists")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each one process")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. federation.rounds=10")
     args = parser.parse_args(argv)
-    try:
-        report = privacy_report(args.out, args.algorithms, list(args.overrides), args.robustness,
-                                tuple(args.byzantine_reports), args.reuse)
-    except ValueError as err:
-        parser.error(str(err))
-    except (RuntimeError, FileNotFoundError) as err:
-        print(f"privacy_report: {err}", file=sys.stderr)
-        return 1
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.portable_paths import portable_command
+    from resfl_lightning.analysis.privacy_report import PrivacyComparison, print_report
+    from resfl_lightning.cli.experiment_args import execute_or_exit
+
+    comparison = PrivacyComparison()
+    ctx = Context("", "", list(args.overrides), args.jobs, portable_command(["resfl", "privacy", *argv]),
+                  args.out, None, {"algorithms": args.algorithms, "robustness": args.robustness,
+                                   "byzantine_reports": tuple(args.byzantine_reports)})
+    execute_or_exit(comparison, ctx)
+    report = comparison.result
     print_report(report)
     print(f"wrote {args.out / 'privacy_report.json'}")
     return 0

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from resfl_lightning.analysis.portable_paths import portable_command
-from resfl_lightning.cli.experiment_args import add_run_options, experiment_parser, parse
+from resfl_lightning.cli.experiment_args import add_run_options, context, execute_or_exit, experiment_parser, parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,35 +31,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.experiment import ExperimentError
-    from resfl_lightning.analysis.robustness import make_robustness_table
-
-    tags = ["robustness", args.dataset, args.scenario, *([args.subset] if args.subset else [])]
+    ctx = context(args, argv, "resfl robustness", subset=args.subset, seeds=args.seeds)
     if args.check_clients:
-        return _check_clients(args, argv, tags)
-    out = args.out or Path("runs") / "-".join(tags)
-    try:
-        out = make_robustness_table(args.dataset, args.scenario, args.subset, args.seeds, args.jobs, out,
-                                    list(args.overrides), args.results,
-                                    command=portable_command(["resfl", "robustness", *argv]))
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
+        from resfl_lightning.analysis.client_check import ClientCheck
+
+        if args.subset is None:
+            raise SystemExit("--check-clients needs --subset (the subset whose client_check to run)")
+        check = ClientCheck()
+        out, _ = execute_or_exit(check, ctx)
+        print((out / "client_check.md").read_text())
+        return 0 if check.outcome.clients == check.configured else 1
+    from resfl_lightning.analysis.robustness import RobustnessGrid
+
+    out, _ = execute_or_exit(RobustnessGrid(), ctx)
     print((out / "robustness.md").read_text())
     return 0
-
-
-def _check_clients(args: argparse.Namespace, argv: list[str], tags: list[str]) -> int:
-    from resfl_lightning.analysis.client_check import make_client_check
-    from resfl_lightning.analysis.experiment import ExperimentError
-
-    if args.subset is None:
-        raise SystemExit("--check-clients needs --subset (the subset whose client_check to run)")
-    out = args.out or Path("runs") / "-".join([*tags, "client-check"])
-    try:
-        out, outcome, configured = make_client_check(args.dataset, args.scenario, args.subset, args.jobs, out,
-                                                     list(args.overrides), args.results,
-                                                     command=portable_command(["resfl", "robustness", *argv]))
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
-    print((out / "client_check.md").read_text())
-    return 0 if outcome.clients == configured else 1

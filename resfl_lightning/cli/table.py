@@ -13,8 +13,14 @@ import argparse
 import sys
 import time
 
-from resfl_lightning.analysis.portable_paths import portable_command
-from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
+from resfl_lightning.cli.experiment_args import (
+    add_run_options,
+    comma_list,
+    context,
+    execute_or_exit,
+    experiment_parser,
+    parse,
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,17 +42,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.experiment import ExperimentError
-    from resfl_lightning.analysis.table import make_table
+    from resfl_lightning.analysis.table import MethodTable
 
-    methods = comma_list(args.methods)
     t0 = time.perf_counter()
-    try:
-        out = make_table(args.dataset, args.scenario, methods, args.seeds, args.robustness, args.jobs, args.out,
-                         list(args.overrides), wandb=args.wandb, results=args.results,
-                         command=portable_command(["resfl", "table", *argv]), primary_seeds=args.primary_seeds)
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
+    ctx = context(args, argv, "resfl table", methods=comma_list(args.methods), seeds=args.seeds,
+                  primary_seeds=args.primary_seeds, robustness=args.robustness, wandb=args.wandb)
+    out, _ = execute_or_exit(MethodTable(), ctx)
     print((out / "table.md").read_text())
     if args.results is not None:
         print(f"results written to {args.results}")

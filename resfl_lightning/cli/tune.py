@@ -17,8 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from resfl_lightning.analysis.portable_paths import portable_command
-from resfl_lightning.cli.experiment_args import add_run_options, comma_list, experiment_parser, parse
+from resfl_lightning.cli.experiment_args import (
+    add_run_options,
+    comma_list,
+    context,
+    execute_or_exit,
+    experiment_parser,
+    parse,
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,19 +46,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from resfl_lightning.analysis.experiment import ExperimentError
-    from resfl_lightning.analysis.tune import run_tune
+    from resfl_lightning.analysis.tune import Tune
 
-    methods = comma_list(args.methods)
     try:
         seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",")]
     except ValueError:
         raise SystemExit(f"--seeds: comma-separated integers, got {args.seeds!r}") from None
-    try:
-        out = run_tune(args.dataset, args.scenario, methods, list(args.overrides), args.jobs, seeds=seeds,
-                       trials=args.trials, out=args.out, results=args.results, tuned_dir=args.tuned_dir,
-                       command=portable_command(["resfl", "tune", *argv]))
-    except ExperimentError as err:
-        raise SystemExit(str(err)) from None
+    ctx = context(args, argv, "resfl tune", methods=comma_list(args.methods), seeds=seeds, trials=args.trials,
+                  tuned_dir=args.tuned_dir)
+    out, _ = execute_or_exit(Tune(), ctx)
     print((out / "tune.md").read_text())
     return 0

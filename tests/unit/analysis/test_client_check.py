@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from resfl_lightning import cli
-from resfl_lightning.analysis import client_check
-from resfl_lightning.analysis.client_check import check_rule, decide_clients, make_client_check
+from resfl_lightning.analysis.client_check import ClientCheck, check_rule, decide_clients
+from resfl_lightning.analysis.execute import Context, execute
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.robustness import load_grid
 
@@ -53,11 +53,12 @@ def _fake_runs(values: dict[int, float], seen: list):
 
 def test_the_check_trains_fedavg_clean_at_each_n_and_records_the_outcome(tmp_path, monkeypatch):
     seen: list = []
-    monkeypatch.setattr(client_check, "run_jobs", _fake_runs({4: 0.501, 5: 0.455, 10: 1e-5}, seen))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", _fake_runs({4: 0.501, 5: 0.455, 10: 1e-5}, seen))
     results = tmp_path / "check.md"
-    out, outcome, configured = make_client_check("synthetic", "group_skew", "detection", 1, tmp_path / "o", [],
-                                                 results, command="resfl robustness --check-clients")
-    assert (outcome.clients, configured) == (5, 5)
+    check = ClientCheck()
+    execute(check, Context("synthetic", "group_skew", [], 1, "resfl robustness --check-clients", tmp_path / "o",
+                           results, {"subset": "detection"}))
+    assert (check.outcome.clients, check.configured) == (5, 5)
     assert len(seen) == 3
     for n, overrides in zip([4, 5, 10], seen):
         assert {"algorithm=fedavg", "attack.byzantine.fraction=0.0", f"dataset.num_clients={n}", "seed=123",
@@ -71,7 +72,7 @@ def test_the_check_trains_fedavg_clean_at_each_n_and_records_the_outcome(tmp_pat
 
 
 def test_the_cli_exits_1_when_the_configured_n_disagrees_with_the_rule(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(client_check, "run_jobs", _fake_runs({4: 0.501, 5: 0.2, 10: 1e-5}, []))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", _fake_runs({4: 0.501, 5: 0.2, 10: 1e-5}, []))
     code = cli.main(["robustness", "--dataset", "synthetic", "--scenario", "group_skew", "--subset", "detection",
                      "--check-clients", "--jobs", "1", "--out", str(tmp_path / "o")])
     assert code == 1

@@ -15,15 +15,17 @@ from resfl_lightning.analysis import dp_curve
 from resfl_lightning.analysis.dp_accounting import DP_KEYS, run_values
 from resfl_lightning.analysis.dp_curve import (
     CurvePoint,
+    DpCurve,
     ExperimentError,
     curve_markdown,
     curve_points,
     load_grid,
     plot_curve,
     row_cells,
-    run_dp_curve,
     summarise,
 )
+from resfl_lightning.analysis.execute import Context, execute
+from resfl_lightning.analysis.run_data import finished_run
 from tests.helpers import compose_config
 
 GOOD = """methods: [fedavg_dp, pfu_fl]
@@ -115,11 +117,11 @@ def fake_run(run_dir: Path, utility: float, z: float | None, task: str = "classi
 
 def test_run_values_reads_the_summary_and_marks_no_noise_as_infinite_epsilon(tmp_path: Path):
     fake_run(tmp_path / "a", 0.8, 0.0)
-    values = run_values(tmp_path / "a")
+    values = run_values(finished_run(tmp_path / "a"))
     assert values["epsilon_spent"] == math.inf and values["z"] == 0.0 and values["utility"] == 0.8
     fake_run(tmp_path / "b", 0.8, None)
-    assert run_values(tmp_path / "b")["z"] is None
-    assert run_values(tmp_path / "missing") is None
+    assert run_values(finished_run(tmp_path / "b"))["z"] is None
+    assert run_values(finished_run(tmp_path / "missing")) is None
 
 
 def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
@@ -137,12 +139,13 @@ def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
             fake_run(rd, 0.80 + 0.01 * seed + (0.02 if z is None else 0.0), z)
         return []
 
-    monkeypatch.setattr(dp_curve, "run_jobs", fake_jobs)
-    monkeypatch.setattr(dp_curve, "stale_runs", lambda jobs: [])
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", fake_jobs)
+    monkeypatch.setattr("resfl_lightning.analysis.run_settings.stale_runs", lambda jobs: [])
     out, results = tmp_path / "out", tmp_path / "results"
-    path = run_dp_curve("adult", "iid", ["dataset.root=/data/adult"], 1, out, results, grid_path,
-                        command="resfl dp-curve --dataset adult dataset.root=/data/adult")
-    text = path.read_text()
+    ctx = Context("adult", "iid", ["dataset.root=/data/adult"], 1, "resfl dp-curve --dataset adult "
+                  "dataset.root=/data/adult", out, results, {"grid": grid_path})
+    execute(DpCurve(), ctx)
+    text = (out / "dp-curve.md").read_text()
     assert text.startswith("# DP privacy-utility curve: adult, scenario iid (2 methods x 2 ε and 1 ablation x 3 "
                            "seeds = 15 runs)")
     assert "- command: `resfl dp-curve --dataset adult dataset.root=/data/adult`" in text and "- commit: " in text
@@ -153,7 +156,7 @@ def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
     assert "Ablations (no DP-SGD; overrides and comments in the grid above): fedavg." in text
     assert (out / "dp-curve.png").stat().st_size > 10_000
     assert (results / "out.png").is_file() and "](out.png)" in (results / "out.md").read_text()
-    run_dp_curve("adult", "iid", [], 1, out, None, grid_path)  # resumable: nothing left to train
+    execute(DpCurve(), Context("adult", "iid", [], 1, "resfl dp-curve", out, None, {"grid": grid_path}))  # resumed
     assert calls == [15, 15] and len(list(out.glob("*-s*"))) == 15  # (the real run_jobs skips finished runs)
 
 
@@ -210,7 +213,7 @@ def test_where_each_method_starts_to_learn(tmp_path: Path):
                 run_dir.mkdir()
                 (run_dir / "summary.json").write_text(json.dumps({"test/map_50": m + 0.001 * s}))
                 (run_dir / "config.yaml").write_text("dataset:\n  task: detection\n")
-                runs[s] = run_values(run_dir)
+                runs[s] = run_values(finished_run(run_dir))
             rows.append(summarise(CurvePoint(method, eps), runs, 0.95))
     assert row_cells(rows[2])[3] == "3/3" and row_cells(rows[0])[3] == "0/3"
     assert [dp_curve.learns_from(grid, rows, m) for m in grid.methods] == [

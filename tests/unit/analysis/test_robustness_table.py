@@ -26,6 +26,7 @@ from resfl_lightning.analysis.robustness import (
     select,
     worst_cell,
 )
+from resfl_lightning.analysis.run_data import finished_run
 
 
 def test_grid_follows_the_protocol():
@@ -92,13 +93,22 @@ def test_the_detection_subset_is_five_clients_with_one_attacker_and_every_defenc
     assert "aggregation.f=1" in cell_overrides(grid, Cell("multi_krum", "ipm", "honest", 0.2))
 
 
+def _execute(out: Path, results: Path | None = None):
+    """`resfl robustness --subset core --seeds 1` through the one pipeline."""
+    from resfl_lightning.analysis.execute import Context, execute
+    from resfl_lightning.analysis.robustness import RobustnessGrid
+
+    return execute(RobustnessGrid(), Context("adult", "iid", [], 1, "resfl robustness", out, results,
+                                             {"subset": "core", "seeds": 1}))
+
+
 def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
     rows = [{"round": 0, "attack/byzantine_weight_share": 0.1}, {"round": 1, "attack/byzantine_weight_share": 0.3},
             {"round": 1, "test/accuracy": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    assert run_values(tmp_path) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
-    assert run_values(tmp_path / "missing")["utility"] is None
+    assert run_values(finished_run(tmp_path)) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    assert run_values(finished_run(tmp_path / "missing"))["utility"] is None
 
 
 def _values(table: dict[tuple[str, str, str, float], list[float]], eod: float = 0.0) -> dict:
@@ -261,11 +271,11 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
 
 
 def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
-    from resfl_lightning.analysis import robustness, run_ledger
+    from resfl_lightning.analysis import run_ledger
 
     run_ledger.use(tmp_path / "ledger")
-    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: [])  # train nothing: only the ledger's spec
-    robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: [])  # only the ledger spec
+    _execute(tmp_path / "out")
     run = tmp_path / "m1" / "exp" / "fedavg-s0"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
@@ -277,13 +287,14 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
     for name, text in run_ledger.Ledger(tmp_path / "ledger").entries("exp")["fedavg-s0"]["files"].items():
         (restored / name).parent.mkdir(parents=True, exist_ok=True)
         (restored / name).write_text(text)
-    assert run_values(restored) == run_values(run) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    assert run_values(finished_run(restored)) == run_values(finished_run(run)) == expected
     assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()
 
 
 def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
     """A grid restored from the ledger takes seconds to tabulate; the header also gives what its runs cost."""
-    from resfl_lightning.analysis import robustness, run_ledger
+    from resfl_lightning.analysis import run_ledger
 
     run_ledger.use(None)
 
@@ -294,9 +305,9 @@ def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
             (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 2.5}))
         return []
 
-    monkeypatch.setattr(robustness, "run_jobs", finish)
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", finish)
     results = tmp_path / "docs" / "robustness.md"
-    robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], results, "resfl robustness")
+    _execute(tmp_path / "out", results)
     runs = len(list((tmp_path / "out").glob("*/table_wall_s.json")))
     assert runs > 10
     assert f"the runs' own wall times sum to {2.5 * runs:.0f} s" in results.read_text().split("\n## ")[0]
@@ -354,12 +365,13 @@ def test_every_attacked_cell_of_the_grid_composes_to_its_clean_run_but_the_attac
 
 def test_a_failed_run_fails_the_grid_after_its_files_are_written(tmp_path, monkeypatch):
     """`resfl robustness` once printed its failures and exited 0."""
-    from resfl_lightning.analysis import robustness, run_ledger
+    from resfl_lightning.analysis import run_ledger
 
     run_ledger.use(None)
-    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: ["run x failed (1); see x/table_train.log"])
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
+                        lambda jobs, workers: ["run x failed (1); see x/table_train.log"])
     with pytest.raises(ExperimentError, match="runs failed"):
-        robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+        _execute(tmp_path / "out")
     assert (tmp_path / "out" / "robustness.md").is_file()
 
 
@@ -374,9 +386,10 @@ def test_a_finished_run_with_other_settings_is_refused_before_training(tmp_path,
     (run / "config.yaml").write_text("seed: 0\noptim:\n  lr: 7.0\n")
     (run / "summary.json").write_text("{}")
     (run / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
-    monkeypatch.setattr(robustness, "run_jobs", lambda jobs, workers: pytest.fail("trained despite a stale run"))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
+                        lambda jobs, workers: pytest.fail("trained despite a stale run"))
     with pytest.raises(ExperimentError, match="trained with other settings"):
-        robustness.make_robustness_table("adult", "iid", "core", 1, 1, tmp_path / "out", [], None, "resfl robustness")
+        _execute(tmp_path / "out")
 
 
 def test_a_criterion_whose_interval_straddles_its_bound_is_not_decided():

@@ -167,14 +167,14 @@ def test_runs_below_the_utility_floor_are_greyed_and_not_compared():
 def test_a_column_no_run_has_a_value_in_is_left_out_of_table_md_and_named(tmp_path: Path):
     import csv
 
-    from resfl_lightning.analysis.table import write_outputs
+    from resfl_lightning.analysis.table import csv_text, table_lines
 
     # A classification table: no run has mAP@50; before, table.md carried an all-n/a mAP@50 column.
     records = {m: {s: _record(utility=0.8 + 0.01 * s + d, score__fairness=0.5 - d) for s in range(3)}
                for m, d in (("fedavg", 0.0), ("resfl", 0.01))}
     cells = summarise(records, COLUMNS, SETTINGS)
-    write_outputs(tmp_path, cells, records, "# t", COLUMNS, SETTINGS, [])
-    md = (tmp_path / "table.md").read_text()
+    md = "\n".join(table_lines(cells, records, "# t", COLUMNS, SETTINGS, [])) + "\n"
+    (tmp_path / "table.csv").write_text(csv_text(cells, COLUMNS))
     head = next(line for line in md.splitlines() if line.startswith("| method |"))
     assert "mAP@50" not in head and "Fairness Score" in head and "utility" in head
     assert "Left out, no run of this table has a value: mAP@50 (test/map_50 undefined)" in md
@@ -290,3 +290,20 @@ def test_bad_statistics_settings_name_the_file_and_key(tmp_path: Path):
                       " relative: 0.2}\n")
     with pytest.raises(ValueError, match=r"claims\[0\]: relative"):
         load_claims(claims)
+
+
+def test_a_claim_whose_reference_is_at_chance_is_not_testable_and_survivors_are_counted():
+    """On Adult FedAvg's MIA balanced accuracy is 0.49-0.51: its interval holds chance, so "MIA -37 %" has nothing to
+    lower and once read *refuted*; and a claim judged on fewer seeds than the method ran says on how many."""
+    columns = COLUMNS
+    mia = next(c for c in load_claims() if c.column == "attack/mia_success_rate")
+    assert mia.chance == 0.5
+    at_chance = {"fedavg": {s: _record(attack__mia_success_rate=0.49 + 0.01 * (s % 3)) for s in range(5)},
+                 "resfl": {s: _record(attack__mia_success_rate=0.50 + 0.005 * (s % 2)) for s in range(5)}}
+    res = judge_claim(mia, at_chance, summarise(at_chance, columns, SETTINGS), columns, SETTINGS)
+    assert res.verdict == "not testable" and "fedavg is at chance" in res.text and "holds 0.5" in res.text
+    leaking = {"fedavg": {s: _record(attack__mia_success_rate=0.70 + 0.01 * s) for s in range(5)},
+               "resfl": {s: _record(attack__mia_success_rate=0.69 + 0.01 * s) for s in range(3)}
+               | {s: _record(attack__mia_success_rate=None) for s in (3, 4)}}
+    res = judge_claim(mia, leaking, summarise(leaking, columns, SETTINGS), columns, SETTINGS)
+    assert res.verdict != "not testable" and "n = 3 of 5 seeds" in res.text

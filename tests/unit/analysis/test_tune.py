@@ -345,15 +345,20 @@ def test_user_overrides_may_not_fix_what_a_run_or_a_grid_sets():
 
 
 def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Path):
-    from resfl_lightning.analysis.tune import run_tune
+    from resfl_lightning.analysis.execute import Context, execute
+    from resfl_lightning.analysis.tune import Tune
+
+    def run_tune(methods, **options):
+        return execute(Tune(), Context("adult", "iid", [], 1, "resfl tune", tmp_path, None,
+                                       {"methods": methods, **options}))
 
     for seeds in ([3], [104, 120], [120, 120]):
         with pytest.raises(ExperimentError, match="tuning seeds"):
-            run_tune("adult", "iid", ["fedavg"], [], 1, seeds=seeds, out=tmp_path)
+            run_tune(["fedavg"], seeds=seeds)
     with pytest.raises(ExperimentError, match="--trials must lie in 1..8"):
-        run_tune("adult", "iid", ["fedavg"], [], 1, trials=9, out=tmp_path)
+        run_tune(["fedavg"], trials=9)
     with pytest.raises(ExperimentError, match="--methods: unknown"):
-        run_tune("adult", "iid", ["nope"], [], 1, out=tmp_path)
+        run_tune(["nope"])
 
 
 @pytest.mark.slow

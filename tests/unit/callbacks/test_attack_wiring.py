@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from resfl_lightning.analysis import compare
+from resfl_lightning.analysis import compare, run_data
 from resfl_lightning.attacks.base import attack_due
 from resfl_lightning.attacks.byzantine import choose_attackers
 from resfl_lightning.attacks.registry import AttackOptions, build_attack_callbacks, read_attacks
@@ -443,7 +443,7 @@ def test_compare_hand_computed(tmp_path, capsys):
 def test_compare_undefined_missing_and_mismatched(tmp_path, capsys):
     clean = _run_dir(tmp_path / "clean", {"test/map": 0.0})
     other = _run_dir(tmp_path / "other", {"test/map": 0.1, "test/eod": 0.3}, seed=1)
-    result = compare.compare_runs(compare.load_run(clean), compare.load_run(other))
+    result = compare.compare_runs(run_data.load_run(clean), run_data.load_run(other))
     assert result["metrics"]["ba_ad"]["value"] is None and "0" in result["metrics"]["ba_ad"]["reason"]
     assert result["metrics"]["dpa_eodd"]["value"] is None and "clean run" in result["metrics"]["dpa_eodd"]["reason"]
     assert any("seed" in w for w in result["warnings"])
@@ -452,7 +452,7 @@ def test_compare_undefined_missing_and_mismatched(tmp_path, capsys):
     jsonl.mkdir()
     (jsonl / "metrics.jsonl").write_text(json.dumps({"round": 0, "test/map": 0.2}) + "\n"
                                          + json.dumps({"round": 1, "test/map": 0.1, "test/eod": None}) + "\n")
-    assert compare.load_run(jsonl)["summary"]["test/map"] == 0.1
+    assert run_data.load_run(jsonl).summary["test/map"] == 0.1
     assert compare_main([str(tmp_path / "missing"), str(other)]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -469,7 +469,7 @@ def test_eod_callback_rejects_groups_outside_the_dataset():
 def test_compare_classification_uses_accuracy(tmp_path):
     clean = _run_dir(tmp_path / "clean", {"test/accuracy": 0.80, "test/eod": 0.05})
     other = _run_dir(tmp_path / "other", {"test/accuracy": 0.60, "test/eod": 0.02})
-    m = compare.compare_runs(compare.load_run(clean), compare.load_run(other))["metrics"]
+    m = compare.compare_runs(run_data.load_run(clean), run_data.load_run(other))["metrics"]
     assert m["ba_ad"]["inputs"] == "test/accuracy" and m["ba_ad"]["value"] == pytest.approx(0.25)
     assert m["dpa_eodd"]["value"] == pytest.approx(-0.03) and "ba_ad_50" not in m
 
@@ -481,22 +481,23 @@ def test_compare_privacy_score_from_balanced_accuracies(tmp_path):
                                           "score/privacy": 0.75})
     other = _run_dir(tmp_path / "other", {"test/map": 0.4, "attack/mia_success_rate": 0.55,
                                           "attack/aia_balanced_accuracy": 0.35})
-    m = compare.compare_runs(compare.load_run(clean), compare.load_run(other))["metrics"]
+    m = compare.compare_runs(run_data.load_run(clean), run_data.load_run(other))["metrics"]
     entry = m["privacy_score_change"]
     assert entry["clean"] == pytest.approx(0.50) and entry["other"] == pytest.approx(0.45)
     assert entry["value"] == pytest.approx(-0.05)
     bare = _run_dir(tmp_path / "bare", {"test/map": 0.3})  # neither run attacked for privacy: no entry at all
-    assert "privacy_score_change" not in compare.compare_runs(compare.load_run(bare), compare.load_run(bare))["metrics"]
+    same = compare.compare_runs(run_data.load_run(bare), run_data.load_run(bare))
+    assert "privacy_score_change" not in same["metrics"]
 
 
 def test_privacy_report_runs_one_byzantine_run_per_report_mode(tmp_path):
-    from resfl_lightning.analysis.privacy_report import robustness_runs, train_command
+    from resfl_lightning.analysis.privacy_report import robustness_runs, run_overrides
 
     runs = robustness_runs(["honest", "sent", "lie"])
     assert [(name, key) for _, key, name, _ in runs] == [("byzantine", "ba_ad"), ("byzantine-sent", "ba_ad_sent"),
                                                          ("byzantine-lie", "ba_ad_lie"), ("poisoning", "dpa_eodd")]
     for attack, _, name, extra in runs:
-        cmd = train_command("resfl", attack, tmp_path / name, ["federation.rounds=2", *extra])
+        cmd = run_overrides("resfl", attack, tmp_path / name, ["federation.rounds=2", *extra])
         assert f"attack={attack}" in cmd and all(o in cmd for o in extra)
         mode = next((o.split("=")[1] for o in extra), None)
         cfg = compose_cfg(f"attack={attack}", *extra)

@@ -130,12 +130,12 @@ def test_experiment_commands_share_their_run_options(command):
 
 def test_a_planned_stop_at_the_start_deadline_exits_0_with_its_message(monkeypatch, capsys):
     from resfl_lightning import cli
-    from resfl_lightning.analysis import robustness, runner
+    from resfl_lightning.analysis import execute, runner
 
     def stopped(*args, **kwargs):
         raise runner.StoppedStarting("stopped starting runs at the --stop-starting-after deadline: 3 of 5 runs")
 
-    monkeypatch.setattr(robustness, "make_robustness_table", stopped)
+    monkeypatch.setattr(execute, "execute", stopped)
     monkeypatch.setattr(runner, "_START_DEADLINE", None)  # the deadline parse sets is undone after the test
     assert cli.main(["robustness", "--dataset", "adult", "--stop-starting-after", "30"]) == 0
     assert "3 of 5 runs" in capsys.readouterr().err

@@ -1,0 +1,162 @@
+"""What every experiment gets from the one pipeline (analysis/execute.py), checked for each registered one on a small
+declaration of it: a finished run trained with other settings is refused before anything trains, a failed run fails
+the command after its files are written, and a published file carries its provenance header and its figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from resfl_lightning.analysis.client_check import ClientCheck
+from resfl_lightning.analysis.execute import Context, execute, load_experiment, registered
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.run_settings import composed_settings
+
+TINY_ROBUSTNESS = """_target_: resfl_lightning.analysis.robustness.RobustnessGrid
+clients: 10
+seeds: 2
+fractions: [0.2]
+clean: [attack=byzantine, attack.byzantine.fraction=0.0]
+attacks:
+  sign_flip: [attack=byzantine]
+omniscient: []
+fraction_key: attack.byzantine.fraction
+report_key: attack.byzantine.report
+report_modes: [honest]
+reads_reports: []
+defences:
+  fedavg: {overrides: [algorithm=fedavg]}
+  krum: {overrides: [algorithm=fedavg, aggregation=krum, "aggregation.f={f}"], min_clients: [2, 3]}
+decision: {defence: krum, baseline: fedavg, reference: fedavg, max_fraction: 0.2, worst_ba_ad: 0.15,
+           margin_vs_baseline: 0.1, lie_minus_honest: 0.02, clean_utility_ratio: 0.98, delta_eod: 0.02}
+"""
+
+TINY_CURVE = """_target_: resfl_lightning.analysis.dp_curve.DpCurve
+methods: [fedavg_dp]
+epsilon: [1]
+ablations: {}
+seeds: [0, 1]
+attack: none
+confidence: 0.95
+"""
+
+
+def _small(name: str, tmp_path: Path):
+    """(experiment, context) of a small declaration of the registered experiment `name`."""
+    if name == "robustness":
+        grid = tmp_path / "robustness.yaml"
+        grid.write_text(TINY_ROBUSTNESS)
+        return load_experiment(grid), {}
+    if name.startswith("dp_curve"):
+        grid = tmp_path / "dp_curve.yaml"
+        grid.write_text(TINY_CURVE)
+        return load_experiment(grid), {}
+    if name == "privacy":
+        return load_experiment(registered()[name]), {"algorithms": ["fedavg"], "robustness": True}
+    if name == "tune":
+        return load_experiment(registered()[name]), {"methods": ["fedavg"], "trials": 1}
+    if name == "adversary_frontier":
+        grid = tmp_path / "frontier.yaml"
+        grid.write_text(TINY_FRONTIER)
+        return load_experiment(grid), {}
+    if name == "methods":
+        return load_experiment(registered()[name]), {"methods": ["fedavg"], "seeds": 2, "primary_seeds": 2}
+    raise KeyError(name)
+
+
+TINY_FRONTIER = """_target_: resfl_lightning.analysis.frontier.Frontier
+method: resfl
+strengths: {weak: paper_minimal}
+lambda_priv: [0.3]
+tuning_seeds: [100, 101]
+confirmation_seeds: [110]
+baselines: [fedavg]
+attacks: [aia]
+default: {strength: weak, lambda_priv: 0.3}
+rule:
+  minimise: attack/aia_balanced_accuracy
+  utility:
+    classification: {metric: test/accuracy, min_minus: 1.0}
+    detection: {metric: test/map_50, min_times: 0.0}
+  fairness: {metric: score/fairness, confidence: 0.95, max_upper: 0.0}
+"""
+
+CASES = [*sorted(registered()), "client_check"]
+
+
+def _case(name: str, tmp_path: Path, results: Path | None = None):
+    if name == "client_check":
+        experiment, options = ClientCheck(), {"subset": "detection"}
+        dataset, scenario = "synthetic", "group_skew"
+    else:
+        experiment, options = _small(name, tmp_path)
+        dataset, scenario = "adult", "iid"
+    ctx = Context(dataset, scenario, [], 1, f"resfl {name}", tmp_path / "out", results, options)
+    return experiment, ctx
+
+
+def _train(jobs, skip: int = -1) -> list[str]:
+    """Stand-in for the launcher: each run's files as a finished run leaves them (its composed config saved)."""
+    failures = []
+    for i, (run_dir, overrides) in enumerate(jobs):
+        if i == skip:
+            failures.append(f"run {run_dir} failed (1); see its log")
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(composed_settings(overrides))))
+        (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": 0.8 - 0.01 * i, "test/eod": 0.1,
+                                                          "test/map": 0.3, "test/map_50": 0.5}))
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 0, "test/accuracy": 0.8}) + "\n")
+        (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.5}))
+    return failures
+
+
+def test_every_registered_experiment_has_a_small_case(tmp_path: Path):
+    for name in registered():
+        assert _small(name, tmp_path)[0] is not None
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_stale_finished_run_is_refused_before_training(name: str, tmp_path: Path, monkeypatch):
+    experiment, ctx = _case(name, tmp_path)
+    first = experiment.plan(ctx, ctx.out)[0]
+    run_dir = ctx.out / first.name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 99\n")
+    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
+                        lambda jobs, workers: pytest.fail("trained despite a stale run"))
+    with pytest.raises(ExperimentError, match="trained with other settings"):
+        execute(experiment, ctx)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_failed_run_fails_the_command_after_the_files_are_written(name: str, tmp_path: Path, monkeypatch):
+    experiment, ctx = _case(name, tmp_path)
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: _train(jobs, skip=0))
+    with pytest.raises(ExperimentError, match="1 of .* runs failed"):
+        execute(experiment, ctx)
+    written = [p for p in ctx.out.glob("*.md")]
+    assert written and all(p.read_text().startswith("# ") for p in written)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_published_file_has_its_provenance_and_figures(name: str, tmp_path: Path, monkeypatch):
+    experiment, ctx = _case(name, tmp_path, results=tmp_path / "docs" / "published.md")
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: _train(jobs))
+    out, report = execute(experiment, ctx)
+    text = (tmp_path / "docs" / "published.md").read_text()
+    head = text.split("\n## ")[0]
+    for line in ("- command: `resfl ", "- commit: ", "- packages: requirements.lock ", "- wall time: "):
+        assert line in head, line
+    assert "the runs' own wall times sum to" in head
+    for name_, _ in report.figures.items():
+        assert (out / name_).is_file()
+    figures = sorted(p.name for p in (tmp_path / "docs").glob("*.png"))
+    assert len(figures) == sum(f"]({name_})" in report.markdown for name_ in report.figures)
+    for figure in figures:
+        assert f"]({figure})" in text
