@@ -39,6 +39,14 @@ def lock_hash(lock: Path = LOCK) -> str:
         return f"unknown (no {lock.name} beside the package)"
 
 
+DIRTY_MARK = "+dirty"  # after a short commit: recorded from a tree with uncommitted changes
+
+
+def commit_label(commit: str) -> str:
+    """A git_commit() in 12 characters, marked when it said the tree had uncommitted changes."""
+    return commit.split(" ")[0][:12] + (DIRTY_MARK if "uncommitted" in commit else "")
+
+
 def machine() -> str:
     return (f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs, "
             f"Python {platform.python_version()}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, select, train_overrides
 
@@ -95,8 +95,7 @@ class ClientCheck(Experiment):
         return grid, check_rule(grid, ctx.options["subset"])
 
     def default_out(self, ctx: Context) -> Path:
-        return Path("runs") / "-".join(["robustness", ctx.dataset, ctx.scenario, ctx.options["subset"],
-                                        "client-check"])
+        return experiment_out("robustness", ctx, ctx.options["subset"], "client-check")
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid, rule = self.rule(ctx)

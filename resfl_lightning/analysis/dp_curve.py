@@ -16,12 +16,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.dp_accounting import accounting_cells, run_values
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.statistics import load_statistics
-from resfl_lightning.analysis.table import default_out, table_preset
+from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.config.tuned import recorded_path
+from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
 
@@ -132,12 +133,6 @@ def curve_points(grid: CurveGrid) -> list[CurvePoint]:
     return [CurvePoint(m, e) for m in grid.methods for e in grid.epsilons] + [CurvePoint(a) for a in grid.ablations]
 
 
-def curve_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
-    """runs/dp-curve-<dataset>-<scenario>[-<dataset.* override values>] (as `resfl table` names its folder)."""
-    table = default_out(dataset, scenario, overrides)
-    return table.with_name("dp-curve-" + table.name.removeprefix("table-"))
-
-
 def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: str, seed: int, run_dir: Path,
                   overrides: list[str]) -> list[str]:
     """One run's Hydra overrides: the common ones, the point's, then the user's (which win)."""
@@ -164,9 +159,7 @@ def summarise(point: CurvePoint, runs: dict[int, dict], confidence: float) -> Ro
 
 
 def utility_cell(t: TTest) -> str:
-    if t.n == 0:
-        return "n/a"
-    return f"{t.mean:.4f}" if t.n < 2 else f"{t.mean:.4f} [{t.low:.4f}, {t.high:.4f}]"
+    return interval_text(t, 4)
 
 
 def row_cells(row: RowSummary) -> list[str]:
@@ -286,7 +279,7 @@ class DpCurve(Experiment):
         return list(ctx.options.get("seeds") or grid.seeds)
 
     def default_out(self, ctx: Context) -> Path:
-        return curve_out(ctx.dataset, ctx.scenario, ctx.overrides)
+        return experiment_out("dp-curve", ctx)
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid = self.grid(ctx)

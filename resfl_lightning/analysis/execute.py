@@ -111,6 +111,15 @@ class Experiment:
         raise NotImplementedError
 
 
+def experiment_out(kind: str, ctx: Context, *tags: str) -> Path:
+    """The one rule for where an experiment's runs live by default: runs/<kind>-<dataset>-<scenario>, then the
+    values of the dataset.* overrides that are not paths (Adult's race and sex runs stay apart; a folder name cannot
+    hold dataset.root), then the experiment's own tags (a robustness subset)."""
+    values = [o.split("=", 1)[1] for o in ctx.overrides if o.startswith("dataset.") and "=" in o]
+    values = [v for v in values if "/" not in v and "\\" not in v]
+    return Path("runs") / "-".join([kind, *([ctx.dataset, ctx.scenario] if ctx.dataset else []), *values, *tags])
+
+
 def results_path(results: Path, report: Report, out: Path) -> Path:
     """Where --results puts the report: the file itself when it names a .md file, else
     <results>/<out name><suffix>.md."""
@@ -135,8 +144,9 @@ def publish(report: Report, out: Path, ctx: Context, runs: Runs, writer: str) ->
     for name, draw in report.figures.items():
         draw(out / name)
     wall, runs_wall = runs.elapsed_s, runs.runs_wall_s
+    run_dirs = [runs.dir(r.name) for r in runs.planned]
     write_results(out / report.name, report.markdown, ctx.command, wall_s=wall, runs_wall_s=runs_wall,
-                  writer=writer)
+                  writer=writer, run_dirs=run_dirs)
     results = ctx.results
     if results is None:
         return None
@@ -146,7 +156,8 @@ def publish(report: Report, out: Path, ctx: Context, runs: Runs, writer: str) ->
         target.parent.mkdir(parents=True, exist_ok=True)
         report.figures[name](target.parent / published)
         body = body.replace(f"]({name})", f"]({published})")
-    return write_results(target, body, ctx.command, wall_s=wall, runs_wall_s=runs_wall, writer=writer)
+    return write_results(target, body, ctx.command, wall_s=wall, runs_wall_s=runs_wall, writer=writer,
+                         run_dirs=run_dirs)
 
 
 def execute(experiment: Experiment, ctx: Context) -> tuple[Path, Report]:

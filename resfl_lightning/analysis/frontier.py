@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure
 from resfl_lightning.analysis.frontier_rule import (
@@ -27,7 +27,8 @@ from resfl_lightning.analysis.frontier_rule import (
     utility_floor,
 )
 from resfl_lightning.analysis.run_data import RunData, finished_run
-from resfl_lightning.analysis.table import default_out, table_preset
+from resfl_lightning.analysis.table import table_preset
+from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
 
@@ -120,12 +121,6 @@ class Point:
                 f"algorithm.lambda_priv={self.lambda_priv}"]
 
 
-def frontier_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
-    """runs/frontier-<dataset>-<scenario>[-<dataset.* override values>] (as `resfl table` names its folder)."""
-    table = default_out(dataset, scenario, overrides)
-    return table.with_name("frontier-" + table.name.removeprefix("table-"))
-
-
 def grid_points(grid: Grid) -> list[Point]:
     return [Point(s, lam) for s in grid.strengths for lam in grid.lambdas]
 
@@ -191,14 +186,8 @@ def summarise_points(grid: Grid, values: dict[str, dict[int, dict]]) -> tuple[li
     return out, floor, task
 
 
-def _cell(t: TTest) -> str:
-    if t.n == 0:
-        return "n/a"
-    return f"{t.mean:.3f}" if t.n < 2 else f"{t.mean:.3f} [{t.low:.3f}, {t.high:.3f}]"
-
-
 def _diff_cell(t: TTest) -> str:
-    return "n/a" if t.n < 2 else f"{t.mean:+.3f} [{t.low:+.3f}, {t.high:+.3f}] (n={t.n})"
+    return "n/a" if t.n < 2 else f"{interval_text(t, signed=True)} (n={t.n})"
 
 
 def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]], summaries: list[PointSummary],
@@ -216,7 +205,7 @@ def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]
     labels = [p.label for p in grid_points(grid)] + list(grid.baselines)
     for label in labels:
         runs = values.get(label, {})
-        cells = [_cell(t_test(list(series(runs, k).values()))) for k, _ in METRICS]
+        cells = [interval_text(t_test(list(series(runs, k).values()))) for k, _ in METRICS]
         if label in by_name:
             fair = grid.rule["fairness"]["metric"]
             diff = "—" if label == default else _diff_cell(paired_t(series(runs, fair), series(values[default], fair)))
@@ -333,7 +322,7 @@ class Frontier(Experiment):
         return grid if ctx.options.get("confirm") else grid.for_dataset(ctx.dataset)
 
     def default_out(self, ctx: Context) -> Path:
-        return frontier_out(ctx.dataset, ctx.scenario, ctx.overrides)
+        return experiment_out("frontier", ctx)
 
     def stage(self, ctx: Context, out: Path) -> tuple[Grid, list[Point], list[int], Point | None, str]:
         """(grid, points, seeds, the point confirmed (None: tuning), where that point came from)."""
@@ -398,7 +387,7 @@ class Frontier(Experiment):
         for p in points:
             done = values[p.label]
             lines.append(f"| {p.label} | {len(done)} | "
-                         + " | ".join(_cell(t_test(list(series(done, k).values()))) for k, _ in METRICS) + " |")
+                         + " | ".join(interval_text(t_test(list(series(done, k).values()))) for k, _ in METRICS) + " |")
         pairs = list(dict.fromkeys([(selected, default), (selected, fedavg), (default, fedavg)]))  # once each
         lines += ["", f"Paired differences by seed: mean [{pct} % Student-t interval] (n = seeds where both have a "
                   "value). The selection confirms if utility stays within the rule's floor, the AIA difference to "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from resfl_lightning.analysis.compare import compare_runs, format_value
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.run_records import recorded_wall
 
@@ -109,7 +109,7 @@ class PrivacyComparison(Experiment):
     writer = "resfl privacy"
 
     def default_out(self, ctx: Context) -> Path:
-        return Path("runs") / "privacy-report"
+        return experiment_out("privacy-report", ctx)
 
     def attacked(self, ctx: Context) -> list[tuple[str, str, str, list[str]]]:
         return robustness_runs(list(ctx.options.get("byzantine_reports", ("honest",)))) if ctx.options.get(

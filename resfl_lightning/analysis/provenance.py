@@ -8,7 +8,21 @@ from pathlib import Path
 from resfl_lightning.analysis.checkout import git_commit, lock_hash, machine
 
 
-def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = None) -> list[str]:
+def run_commits_line(run_dirs: list[Path]) -> str | None:
+    """The header's line on the code the runs were trained with (their launchers' records), None without runs."""
+    from resfl_lightning.analysis.run_records import trained_commits
+
+    counts, unknown = trained_commits(run_dirs)
+    if not counts and not unknown:
+        return None
+    known = ", ".join(f"{c} ({n})" for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    missing = (f"{unknown} launched before runs recorded their commit (the ledger line says when they were recorded)"
+               if unknown else "")
+    return "- runs trained at: " + "; ".join(part for part in (known, missing) if part)
+
+
+def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = None,
+                     run_dirs: list[Path] | None = None) -> list[str]:
     from resfl_lightning.analysis import run_ledger
 
     runs = "" if runs_wall_s is None else f" (the runs' own wall times sum to {runs_wall_s:.0f} s)"
@@ -16,17 +30,18 @@ def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = No
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"- packages: requirements.lock {lock_hash()} (the versions `make install` installs)",
              f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
+    trained = run_commits_line(run_dirs) if run_dirs else None
     ledger = run_ledger.active()
     carried = ledger.provenance() if ledger is not None else None
-    return lines + ([carried] if carried else [])
+    return lines + [line for line in (trained, carried) if line]
 
 
 def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None,
-                  writer: str = "resfl table") -> Path:
+                  writer: str = "resfl table", run_dirs: list[Path] | None = None) -> Path:
     """`body` (markdown starting with its `# title` line) with the provenance list under the title."""
     title, _, rest = body.partition("\n")
     text = "\n".join([title, "", f"Written by `{writer}`; regenerate it with the command below instead of editing.",
-                      "", *provenance_lines(command, wall_s, runs_wall_s), "", rest.lstrip("\n")])
+                      "", *provenance_lines(command, wall_s, runs_wall_s, run_dirs), "", rest.lstrip("\n")])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -24,7 +24,7 @@ SUMMARY_PREFIXES = ("test/", "score/", "attack/")
 SUMMARY_SKIP = re.compile(r"^test/(mean_evidence|selection_rate|fpr|tpr)/|^attack/byzantine/client_")
 
 
-def load_run(run_dir: Path | str) -> RunData:
+def load_rounds(run_dir: Path | str) -> RunData:
     """The run with its per-round rows, which every report figure reads (errors name the file)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
@@ -225,7 +225,7 @@ def summary_table(runs: list[RunData]) -> str:
 
 def write_report(run_dirs: list[Path | str], out: Path | str | None = None) -> Path:
     """Figures + report.md for the given run directories; returns the path of report.md."""
-    runs = [load_run(d) for d in run_dirs]
+    runs = [load_rounds(d) for d in run_dirs]
     if not runs:
         raise ValueError("no run directory given")
     out = Path(out) if out is not None else (runs[0].path / "report" if len(runs) == 1 else Path("report"))
@@ -242,7 +242,7 @@ def write_report(run_dirs: list[Path | str], out: Path | str | None = None) -> P
 def log_report_figures(run_dir: Path | str, loggers: list) -> list[Path]:
     """Write the figures of one run to RUN_DIR/report and log each as an image (key report/<figure>) to every logger
     with `log_image` (Lightning's WandbLogger)."""
-    run = load_run(run_dir)
+    run = load_rounds(run_dir)
     paths = write_figures([run], run.path / "report")
     step = int(run.rows[-1]["round"])
     for logger in loggers:

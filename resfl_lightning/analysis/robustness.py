@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.analysis.table import table_preset
-from resfl_lightning.attacks.byzantine import count_from_fraction
+from resfl_lightning.attacks.byzantine import count_from_fraction, relative_drop
+from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.values import finite
@@ -216,10 +217,11 @@ def run_values(run: RunData | None) -> dict[str, float | None]:
 
 
 def ba_ad(clean: float | None, attacked: float | None) -> float | None:
-    """(clean - attacked) / clean; None where either is missing or the clean utility is 0."""
+    """BA AD (attacks/byzantine.py's relative_drop, the one definition); None where either is missing or the clean
+    utility is 0."""
     if clean is None or attacked is None or clean == 0:
         return None
-    return (clean - attacked) / clean
+    return relative_drop(clean, attacked)
 
 
 @dataclass(frozen=True)
@@ -356,9 +358,7 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
 
 
 def _t_text(t: TTest) -> str:
-    if t.n < 2:
-        return f"{t.mean:+.3f} (n={t.n})"
-    return f"{t.mean:+.3f} [{t.low:+.3f}, {t.high:+.3f}] (n={t.n})"
+    return f"{interval_text(t, signed=True)} (n={t.n})"
 
 
 # ---- the markdown and the figure -------------------------------------------------------------------------------
@@ -368,9 +368,7 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
     if not values:
         return "n/a"
     t = t_test(list(values.values()))
-    fmt = "{:+.3f}" if signed else "{:.3f}"
-    text = fmt.format(t.mean) if t.n < 2 else f"{fmt.format(t.mean)} [{fmt.format(t.low)}, {fmt.format(t.high)}]"
-    return text + (f" (n={t.n})" if t.n < planned else "")
+    return interval_text(t, signed=signed) + (f" (n={t.n})" if t.n < planned else "")
 
 
 def _absent_text(grid: dict, defence: str, fraction: float) -> str:
@@ -521,7 +519,7 @@ class RobustnessGrid(Experiment):
 
     def default_out(self, ctx: Context) -> Path:
         subset = ctx.options.get("subset")
-        return Path("runs") / "-".join(["robustness", ctx.dataset, ctx.scenario, *([subset] if subset else [])])
+        return experiment_out("robustness", ctx, *([subset] if subset else []))
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid = self.grid(ctx)

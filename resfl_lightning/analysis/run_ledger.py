@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resfl_lightning.analysis.checkout import DIRTY_MARK, commit_label
 from resfl_lightning.analysis.portable_paths import given_roots, localised, portable, run_roots
 
 # What every experiment command reads from a finished run (its settings, final values and wall time); a command
@@ -91,14 +92,6 @@ def _chunk_entries(chunk: Path) -> list[dict]:
                 raise ValueError(f"{chunk}, line {n}: not a ledger entry (no run name)")
             entries.append(entry)
     return entries
-
-
-DIRTY_MARK = "+dirty"  # after a short commit: the run was recorded from a tree with uncommitted changes
-
-
-def commit_label(commit: str) -> str:
-    """A recorded commit in 12 characters, marked when git_commit() said the tree had uncommitted changes."""
-    return commit.split(" ")[0][:12] + (DIRTY_MARK if "uncommitted" in commit else "")
 
 
 @dataclass

@@ -22,6 +22,26 @@ def summed_wall(run_dirs: Iterable[Path]) -> float:
     return sum(json.loads(p.read_text())["wall_s"] for p in timings if p.is_file())
 
 
+def trained_commits(run_dirs: Iterable[Path]) -> tuple[dict[str, int], int]:
+    """(commit -> runs, runs without one) over the finished runs: the commit each run's launcher recorded when it
+    started it (short, marked +dirty when the tree had uncommitted changes); runs launched before the launcher
+    recorded it have none."""
+    from resfl_lightning.analysis.checkout import commit_label
+
+    counts: dict[str, int] = {}
+    unknown = 0
+    for run_dir in run_dirs:
+        path = run_dir / "table_wall_s.json"
+        if not path.is_file() or not (run_dir / "summary.json").is_file():
+            continue
+        commit = json.loads(path.read_text()).get("commit")
+        if commit is None:
+            unknown += 1
+        else:
+            counts[commit_label(commit)] = counts.get(commit_label(commit), 0) + 1
+    return counts, unknown
+
+
 def finished_wall(run_dir: Path) -> float | None:
     """The wall time of a finished run (its summary written and its timing recorded), None for any other run."""
     return recorded_wall(run_dir) if (run_dir / "summary.json").is_file() else None

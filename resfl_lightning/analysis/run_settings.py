@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_records import is_finished
+from resfl_lightning.config.tuned import SWITCH
 from resfl_lightning.resources import conf_dir
 
 # Overrides that vary between the runs of one grid cell and reach the config only as their own value (and through
@@ -91,6 +92,9 @@ LOCATION_KEYS = ("run_dir", "resume")
 # Nor is whether its batches were pinned (how fast they reach a GPU, never their values): runs saved with the old
 # default (false) match the current one (auto, which is false on a CPU).
 TRANSFER_KEYS = ("dataset.loader.pin_memory",)
+# Nor the switch that applies a tuned file: what it changes is in the config itself (tuned_file and the keys the file
+# sets), so a run trained at the preset with no tuned file to apply is the run use_tuned=false composes now.
+SWITCH_KEYS = (SWITCH,)
 
 
 def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
@@ -108,7 +112,7 @@ def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
     saved = OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True)
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
-    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in TRANSFER_KEYS]
+    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in (*TRANSFER_KEYS, *SWITCH_KEYS)]
 
 
 def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:

@@ -110,12 +110,16 @@ def run_one(overrides: list[str], run_dir: Path) -> float:
     if after is not None and log.is_file():
         log.replace(log.with_name(f"table_train.attempt{attempts}.log"))
     run_resume.start_attempt(run_dir, prior, attempts + 1)
+    from resfl_lightning.analysis.checkout import git_commit
+
+    commit = git_commit()  # the code the run trains with (a resumed run: the last attempt's)
     t0 = time.perf_counter()
     code = _launch([*overrides, "resume=true"] if after is not None else overrides, log)
     wall = prior + time.perf_counter() - t0
     if code != 0:
         raise RuntimeError(f"run {run_dir} failed ({code}); see {log}")
-    record = {"wall_s": wall, "command": train_command(overrides), "launch": os.environ.get(LAUNCH_ENV, "forkserver")}
+    record = {"wall_s": wall, "command": train_command(overrides), "launch": os.environ.get(LAUNCH_ENV, "forkserver"),
+              "commit": commit}
     if after is not None:
         record.update(resumed_after_round=after, attempts=attempts + 1)
     # written whole, then renamed: the other workers' scheduler reads these files while runs finish

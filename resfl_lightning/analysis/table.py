@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
 from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.statistics import (
     Cell,
@@ -41,7 +41,7 @@ from resfl_lightning.analysis.statistics import (
     summarise,
     verdict_lines,
 )
-from resfl_lightning.metrics.intervals import Interval
+from resfl_lightning.metrics.intervals import Interval, interval_text
 from resfl_lightning.metrics.mechanism import run_mechanism
 from resfl_lightning.metrics.statistics import below_utility_floor
 from resfl_lightning.resources import conf_dir
@@ -169,7 +169,7 @@ def difference_text(cell: Cell) -> str:
     diff = cell.diff
     if diff is None or diff.n < 2:
         return "n/a" if diff is None else f"n/a (n={diff.n})"
-    text = f"{diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
+    text = interval_text(diff, signed=True)
     if cell.family is not None:
         text += f" {'p_Holm' if cell.family == 'primary' else 'q_BH'}={cell.p_adjusted:.3g}"
     if diff.n < cell.planned:
@@ -303,7 +303,7 @@ def difference_lines(cells: dict[str, dict[str, Cell]], columns: list[Column],
 
 
 def quality_skewed_clients(config: dict) -> list[int] | None:
-    """The clients scenario=quality_skew degraded in a run (from its config, as report.load_run reads it), None for
+    """The clients scenario=quality_skew degraded in a run (from its config, as report.load_rounds reads it), None for
     other scenarios or a run without a config."""
     from resfl_lightning.data.quality_skew import skewed_clients
 
@@ -318,7 +318,7 @@ def mechanism_lines(out: Path, seed_sets: dict[str, list[int]],
                     records: dict[str, dict[int, SeedRecord]] | None = None) -> list[str]:
     """The mechanism table appended to table.md: medians / means over each run's rounds, then over seeds (each
     method over its own seeds; failed runs left out)."""
-    from resfl_lightning.analysis.report import load_run as load_rounds  # metrics.jsonl rows, errors naming file, line
+    from resfl_lightning.analysis.report import load_rounds  # metrics.jsonl rows, errors naming file, line
 
     mechanism_columns = load_mechanism_columns()
 
@@ -358,14 +358,6 @@ def log_wandb_table(out: Path, project: str) -> None:
     run = wandb.init(project=project, name=out.name, dir=str(out), mode="offline", reinit=True)
     run.log({"comparison": wandb.Table(columns=data[0], data=data[1:])})
     run.finish()
-
-
-def default_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
-    """runs/table-<dataset>-<scenario>, plus the dataset.* overrides (Adult's race and sex tables stay apart) whose
-    values are not paths (dataset.root, dataset.path: a folder name cannot hold them)."""
-    tags = [o.split("=", 1)[1] for o in overrides if o.startswith("dataset.") and "=" in o]
-    tags = [t for t in tags if "/" not in t and "\\" not in t]
-    return Path("runs") / "-".join(["table", dataset, scenario, *tags])
 
 
 def table_seeds(dataset: str, seeds: int | None, primary_seeds: int | None,
@@ -426,7 +418,7 @@ class MethodTable(Experiment):
         return settings, claims, columns, method_seeds(methods, n_seeds, n_primary, settings), attacks, n_seeds
 
     def default_out(self, ctx: Context) -> Path:
-        return default_out(ctx.dataset, ctx.scenario, ctx.overrides)
+        return experiment_out("table", ctx)
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         *_, seed_sets, attacks, _ = self.setup(ctx)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs
+from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.run_data import finished_run
 from resfl_lightning.analysis.run_settings import composed_settings, flatten
-from resfl_lightning.analysis.table import algorithm_presets, default_out, table_preset
+from resfl_lightning.analysis.table import algorithm_presets, table_preset
 from resfl_lightning.analysis.tune_grid import (
     SCALE,
     SET_BY_TUNE,
@@ -50,16 +50,9 @@ from resfl_lightning.resources import conf_dir
 
 
 # --- the runs -------------------------------------------------------------------------------------------------------
-def tune_out(dataset: str, scenario: str, overrides: list[str]) -> Path:
-    """runs/tune_<dataset>_<scenario>[-<dataset.* override values>]."""
-    tags = default_out(dataset, scenario, overrides).name.removeprefix(f"table-{dataset}-{scenario}")
-    return Path("runs") / f"tune_{dataset}_{scenario}{tags}"
-
-
-def results_path(dataset: str, scenario: str, overrides: list[str]) -> Path:
+def results_path(ctx: Context) -> Path:
     """docs/results/tune-<dataset>-<scenario>[-<dataset.* override values>].md"""
-    return Path("docs") / "results" / (default_out(dataset, scenario, overrides).name.replace("table-", "tune-", 1)
-                                       + ".md")
+    return Path("docs") / "results" / (experiment_out("tune", ctx).name + ".md")
 
 
 def run_dir_for(out: Path, method: str, trial: int, seed: int) -> Path:
@@ -372,10 +365,10 @@ class Tune(Experiment):
                 "reference_only": reference_only, "bases": bases, "run_trials": run_trials}
 
     def default_out(self, ctx: Context) -> Path:
-        return tune_out(ctx.dataset, ctx.scenario, ctx.overrides)
+        return experiment_out("tune", ctx)
 
     def default_results(self, ctx: Context) -> Path:
-        return results_path(ctx.dataset, ctx.scenario, ctx.overrides)
+        return results_path(ctx)
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         t = self.setup(ctx, out)

@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="resfl privacy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/privacy-report"), help="parent of the run directories")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="parent of the run directories (default runs/privacy-report[-<dataset.* overrides>])")
     parser.add_argument("--algorithms", nargs="+", default=["resfl", "fedavg"])
     parser.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
     parser.add_argument("--byzantine-reports", nargs="+", default=["honest"], choices=list(REPORT_MODES),
@@ -34,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context("", "", list(args.overrides), args.jobs, portable_command(["resfl", "privacy", *argv]),
                   args.out, None, {"algorithms": args.algorithms, "robustness": args.robustness,
                                    "byzantine_reports": tuple(args.byzantine_reports)})
-    execute_or_exit(comparison, ctx)
-    report = comparison.result
-    print_report(report)
-    print(f"wrote {args.out / 'privacy_report.json'}")
+    out, _ = execute_or_exit(comparison, ctx)
+    print_report(comparison.result)
+    print(f"wrote {out / 'privacy_report.json'}")
     return 0

@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the grid's, 5)")
     p.add_argument("--check-clients", action="store_true",
                    help="run the subset's client_check (FedAvg clean at each n on a tuning seed) instead of the grid")
-    add_run_options(p, "default runs/robustness-<dataset>-<scenario>[-<subset>]",
+    add_run_options(p, "default runs/robustness-<dataset>-<scenario>[-<dataset.* overrides>][-<subset>]",
                     "also write the table here with its provenance")
     return parse(p, argv)
 

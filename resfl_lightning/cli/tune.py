@@ -8,7 +8,7 @@ constant prediction on every seed); a method that claims fairness must keep its 
 stated margin of the preset's (of FedAvg's where its preset did not learn); a DP method's epsilon is never in a grid.
 The selected overrides go to conf/tuned/<dataset>/<method>.yaml (merged with a file already there; none is written
 when the preset itself wins), which `resfl train` then applies. Runs are resumable (OUT, default
-runs/tune_<dataset>_<scenario>); the trial log goes to OUT/tune.md and --results (default
+runs/tune-<dataset>-<scenario>); the trial log goes to OUT/tune.md and --results (default
 docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "method still gets the same number")
     p.add_argument("--tuned-dir", type=Path, default=None,
                    help="write the tuned files into DIR/<dataset>/<method>.yaml instead of conf/tuned/")
-    add_run_options(p, "default runs/tune_<dataset>_<scenario>[-<dataset.* overrides>]",
+    add_run_options(p, "default runs/tune-<dataset>-<scenario>[-<dataset.* overrides>]",
                     "the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>].md)")
     return parse(p, argv)
 

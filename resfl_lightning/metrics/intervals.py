@@ -27,15 +27,24 @@ class Interval:
         return self.n >= 2 and (self.low > 0 or self.high < 0)
 
     def fmt(self, digits: int = 3) -> str:
-        if math.isnan(self.mean):
-            return "n/a"
-        if self.n < 2:
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+        return interval_text(self, digits, sd=True)
 
     @classmethod
     def of(cls, test: TTest) -> Interval:
         return cls(test.mean, test.sd, test.low, test.high, test.n, test.p)
+
+
+def interval_text(t: TTest | Interval, digits: int = 3, signed: bool = False, sd: bool = False,
+                  point_alone: bool = True) -> str:
+    """The one way a mean and its interval are written: `mean [low, high]` (`mean ± sd [low, high]` with sd; a sign
+    with signed); with fewer than 2 values the mean alone (n/a when not point_alone); n/a without a value."""
+    if t.n == 0 or math.isnan(t.mean):
+        return "n/a"
+    num = f"{{:{'+' if signed else ''}.{digits}f}}".format
+    if t.n < 2:
+        return num(t.mean) if point_alone else "n/a"
+    spread = f" ± {(t.std if isinstance(t, Interval) else t.sd):.{digits}f}" if sd else ""
+    return f"{num(t.mean)}{spread} [{num(t.low)}, {num(t.high)}]"
 
 
 def t_interval(values, confidence: float = 0.95) -> Interval:

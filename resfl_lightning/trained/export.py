@@ -12,10 +12,10 @@ def export_run(run_dir: Path, out: Path | None = None, weights: str = "auto", da
     """Write the run's global model (`weights`: auto | final | swa, models/export.py::choose_weights) as an
     ultralytics checkpoint to `out` (default RUN/export/global.pt); returns the path."""
     from resfl_lightning.models.export import class_names, export_global_model
-    from resfl_lightning.trained.load import load_detection_run, load_run_model
+    from resfl_lightning.trained.load import build_trained_model, load_detection_run
 
     run_dir = Path(run_dir)
     ckpt, cfg = load_detection_run(run_dir, dataset, overrides, "the export writes an ultralytics detector")
-    data, client, layout, state = load_run_model(cfg, ckpt)
+    data, client, layout, state = build_trained_model(cfg, ckpt)
     path = Path(out) if out is not None else run_dir / "export" / "global.pt"
     return export_global_model(client, layout, state, path, class_names(data), weights)

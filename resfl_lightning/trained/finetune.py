@@ -46,7 +46,7 @@ from resfl_lightning.evaluation.weather import (
     write_weather_json,
 )
 from resfl_lightning.federation.local import train_epoch
-from resfl_lightning.trained.load import load_detection_run, load_run_model
+from resfl_lightning.trained.load import build_trained_model, load_detection_run
 
 CLEAR = condition_index("clear", 0)
 
@@ -163,7 +163,7 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
     fabric.launch()
     if cfg.fabric.accelerator == "cpu":
         torch.set_num_threads(int(cfg.fabric.threads_per_process))
-    data, client, layout, state = load_run_model(cfg, ckpt, fabric)
+    data, client, layout, state = build_trained_model(cfg, ckpt, fabric)
     if settings.lambda_priv is not None:
         client.weights.lambda_priv = float(settings.lambda_priv)
 

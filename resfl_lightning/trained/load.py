@@ -14,7 +14,7 @@ from resfl_lightning.resources import conf_dir
 CONF_DIR = conf_dir()
 
 
-def load_run_config(run_dir: Path, dataset: str | None = None, overrides: Sequence[str] = ()) -> DictConfig:
+def read_trained_config(run_dir: Path, dataset: str | None = None, overrides: Sequence[str] = ()) -> DictConfig:
     """The training run's composed config, optionally with another dataset group and KEY=VALUE overrides."""
     run_dir = Path(run_dir)
     candidates = [run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"]  # resolved values first
@@ -49,14 +49,14 @@ def load_detection_run(run_dir: Path, dataset: str | None, overrides: Sequence[s
     ckpt = Path(run_dir) / "checkpoints" / "last.pt"
     if not ckpt.is_file():
         raise FileNotFoundError(f"no global model at {ckpt}; train first (resfl train ...)")
-    cfg = load_config(load_run_config(run_dir, dataset, overrides))
+    cfg = load_config(read_trained_config(run_dir, dataset, overrides))
     if cfg.dataset.task != "detection":
         raise ValueError(f"dataset {cfg.dataset.name!r} is a {cfg.dataset.task} task; {purpose}")
     instantiate_dataset(cfg.dataset).preflight()
     return ckpt, cfg
 
 
-def load_run_model(cfg: DictConfig, checkpoint: Path, fabric: Any = None) -> tuple[Any, Any, Any, Any]:
+def build_trained_model(cfg: DictConfig, checkpoint: Path, fabric: Any = None) -> tuple[Any, Any, Any, Any]:
     """(data, client, layout, state): the run's splits (same seed), a fresh client of `cfg` holding the checkpoint's
     global model (on the fabric's device when one is given) and the checkpoint's ServerState."""
     from resfl_lightning.builders import build_client

@@ -32,7 +32,7 @@ def write_people(path: Path, n: int = 1200) -> None:
 @pytest.mark.slow
 def test_csv_run_reports_fairlearns_group_tprs_and_di(tmp_path):
     from resfl_lightning.config.load import load_config
-    from resfl_lightning.trained.load import load_run_config, load_run_model
+    from resfl_lightning.trained.load import build_trained_model, read_trained_config
 
     csv = tmp_path / "people.csv"
     write_people(csv)
@@ -47,8 +47,8 @@ def test_csv_run_reports_fairlearns_group_tprs_and_di(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
 
     torch.set_num_threads(1)
-    cfg = load_config(load_run_config(run_dir))
-    data, client, _, _ = load_run_model(cfg, run_dir / "checkpoints" / "last.pt")
+    cfg = load_config(read_trained_config(run_dir))
+    data, client, _, _ = build_trained_model(cfg, run_dir / "checkpoints" / "last.pt")
     pred = client.test_outputs(data.test_loader())
     y, y_hat, s = pred.y.numpy(), pred.y_pred.numpy(), pred.groups.numpy()
     assert len(y) == 240 and set(np.unique(s)) == {0, 1, 2}  # 20% test split, groups Asian 0, Black 1, White 2

@@ -14,6 +14,7 @@ from resfl_lightning.analysis.client_check import ClientCheck
 from resfl_lightning.analysis.execute import Context, execute, load_experiment, registered
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.run_settings import composed_settings
+from tests.unit.analysis.test_frontier import TINY_GRID
 
 TINY_ROBUSTNESS = """_target_: resfl_lightning.analysis.robustness.RobustnessGrid
 clients: 10
@@ -67,22 +68,8 @@ def _small(name: str, tmp_path: Path):
     raise KeyError(name)
 
 
-TINY_FRONTIER = """_target_: resfl_lightning.analysis.frontier.Frontier
-method: resfl
-strengths: {weak: paper_minimal}
-lambda_priv: [0.3]
-tuning_seeds: [100, 101]
-confirmation_seeds: [110]
-baselines: [fedavg]
-attacks: [aia]
-default: {strength: weak, lambda_priv: 0.3}
-rule:
-  minimise: attack/aia_balanced_accuracy
-  utility:
-    classification: {metric: test/accuracy, min_minus: 1.0}
-    detection: {metric: test/map_50, min_times: 0.0}
-  fairness: {metric: score/fairness, confidence: 0.95, max_upper: 0.0}
-"""
+TINY_FRONTIER = "_target_: resfl_lightning.analysis.frontier.Frontier\n" + TINY_GRID.replace(
+    "tuning_seeds: [100]", "tuning_seeds: [100, 101]")  # two seeds: a paired interval
 
 CASES = [*sorted(registered()), "client_check"]
 
@@ -110,7 +97,7 @@ def _train(jobs, skip: int = -1) -> list[str]:
         (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": 0.8 - 0.01 * i, "test/eod": 0.1,
                                                           "test/map": 0.3, "test/map_50": 0.5}))
         (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 0, "test/accuracy": 0.8}) + "\n")
-        (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.5}))
+        (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.5, "commit": "a" * 40}))
     return failures
 
 
@@ -151,7 +138,8 @@ def test_the_published_file_has_its_provenance_and_figures(name: str, tmp_path: 
     out, report = execute(experiment, ctx)
     text = (tmp_path / "docs" / "published.md").read_text()
     head = text.split("\n## ")[0]
-    for line in ("- command: `resfl ", "- commit: ", "- packages: requirements.lock ", "- wall time: "):
+    for line in ("- command: `resfl ", "- commit: ", "- packages: requirements.lock ", "- wall time: ",
+                 "- runs trained at: aaaaaaaaaaaa ("):
         assert line in head, line
     assert "the runs' own wall times sum to" in head
     for name_, _ in report.figures.items():

@@ -57,7 +57,7 @@ def test_weights_of_quality_skewed_and_clean_clients_over_informative_rounds():
 def test_table_finds_the_quality_skewed_clients_of_a_run(tmp_path):
     from omegaconf import OmegaConf
 
-    from resfl_lightning.analysis.report import load_run
+    from resfl_lightning.analysis.report import load_rounds
     from resfl_lightning.analysis.table import quality_skewed_clients
 
     qs = {"client_fraction": 0.5, "group": None, "dim": 0.35, "missing_rate": 0.3}
@@ -67,13 +67,13 @@ def test_table_finds_the_quality_skewed_clients_of_a_run(tmp_path):
         (run / "metrics.jsonl").write_text('{"round": 0}\n')
         OmegaConf.save(OmegaConf.create({"seed": seed, "dataset": {"num_clients": 4, "quality_skew": qs}}),
                        run / "config.yaml")
-        assert quality_skewed_clients(load_run(run).config) == expected
+        assert quality_skewed_clients(load_rounds(run).config) == expected
     iid = tmp_path / "iid"
     iid.mkdir()
     (iid / "metrics.jsonl").write_text('{"round": 0}\n')
     OmegaConf.save(OmegaConf.create({"seed": 0, "dataset": {"num_clients": 4}}), iid / "config.yaml")
-    assert quality_skewed_clients(load_run(iid).config) is None
+    assert quality_skewed_clients(load_rounds(iid).config) is None
     missing = tmp_path / "no-config"
     missing.mkdir()
     (missing / "metrics.jsonl").write_text('{"round": 0}\n')
-    assert quality_skewed_clients(load_run(missing).config) is None
+    assert quality_skewed_clients(load_rounds(missing).config) is None

@@ -17,7 +17,7 @@ from PIL import Image
 from resfl_lightning.analysis.report import (
     client_matrix,
     final_group_tpr,
-    load_run,
+    load_rounds,
     log_report_figures,
     round_series,
     summary_table,
@@ -53,7 +53,7 @@ def make_run(root: Path, name: str, shift: float, grouping: str = "mst3") -> Pat
 
 
 def test_series_come_back_from_metrics_jsonl(tmp_path: Path):
-    run = load_run(make_run(tmp_path, "a", shift=0.05))
+    run = load_rounds(make_run(tmp_path, "a", shift=0.05))
     x, y = round_series(run.rows, "test/map_50")
     np.testing.assert_array_equal(x, [0, 2, 4])
     np.testing.assert_allclose(y, [0.05, 0.45, 0.85])
@@ -91,7 +91,7 @@ def test_report_writes_figures_and_summary_table(tmp_path: Path):
 def test_summary_table_falls_back_to_logged_test_metrics_without_summary(tmp_path: Path):
     run_dir = make_run(tmp_path, "crashed", 0.0)
     (run_dir / "summary.json").unlink()  # a run that stopped before the end
-    table = summary_table([load_run(run_dir)])
+    table = summary_table([load_rounds(run_dir)])
     assert "| `test/map` | 0.4 |" in table and "| `test/delta_eop` | 0.1 |" in table
 
 

@@ -363,35 +363,6 @@ def test_every_attacked_cell_of_the_grid_composes_to_its_clean_run_but_the_attac
         train_overrides("adult", "iid", grid, c, 0, Path("runs/x"), []))) == []
 
 
-def test_a_failed_run_fails_the_grid_after_its_files_are_written(tmp_path, monkeypatch):
-    """`resfl robustness` once printed its failures and exited 0."""
-    from resfl_lightning.analysis import run_ledger
-
-    run_ledger.use(None)
-    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
-                        lambda jobs, workers: ["run x failed (1); see x/table_train.log"])
-    with pytest.raises(ExperimentError, match="runs failed"):
-        _execute(tmp_path / "out")
-    assert (tmp_path / "out" / "robustness.md").is_file()
-
-
-def test_a_finished_run_with_other_settings_is_refused_before_training(tmp_path, monkeypatch):
-    from resfl_lightning.analysis import robustness, run_ledger
-
-    run_ledger.use(None)
-    grid = select(load_grid(), "core")
-    cell = grid_cells(grid)[0]
-    run = robustness.run_dir_for(tmp_path / "out", cell, 0)
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text("seed: 0\noptim:\n  lr: 7.0\n")
-    (run / "summary.json").write_text("{}")
-    (run / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
-    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
-                        lambda jobs, workers: pytest.fail("trained despite a stale run"))
-    with pytest.raises(ExperimentError, match="trained with other settings"):
-        _execute(tmp_path / "out")
-
-
 def test_a_criterion_whose_interval_straddles_its_bound_is_not_decided():
     """The IID grid once FAILED criterion 4 on a point of +0.051 whose interval [-0.041, +0.142] held the bound."""
     from resfl_lightning.analysis.robustness import all_of, at_least, at_most

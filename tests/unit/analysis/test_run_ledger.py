@@ -214,3 +214,35 @@ def test_a_command_keeps_only_the_rows_it_reads(tmp_path: Path):
     run_ledger.active().record(made, OVERRIDES)
     whole = Ledger(tmp_path / "whole").entries("exp")["fedavg-s3"]["files"]["metrics.jsonl"]
     assert whole == (made / "metrics.jsonl").read_text()
+
+
+def test_the_commits_runs_were_trained_at_are_counted_and_dirty_ones_marked(tmp_path: Path):
+    from resfl_lightning.analysis.provenance import run_commits_line
+    from resfl_lightning.analysis.run_records import trained_commits
+
+    runs = []
+    for i, commit in enumerate(["a" * 40, "a" * 40, "b" * 40 + " (with uncommitted changes)", None]):
+        run = tmp_path / f"r{i}"
+        run.mkdir()
+        (run / "summary.json").write_text("{}")
+        (run / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0} | ({"commit": commit} if commit else {})))
+        runs.append(run)
+    (tmp_path / "unfinished").mkdir()
+    runs.append(tmp_path / "unfinished")
+    assert trained_commits(runs) == ({"aaaaaaaaaaaa": 2, "bbbbbbbbbbbb+dirty": 1}, 1)
+    line = run_commits_line(runs)
+    assert line.startswith("- runs trained at: aaaaaaaaaaaa (2), bbbbbbbbbbbb+dirty (1); 1 launched before")
+
+
+def test_a_run_trained_before_a_tuned_file_existed_is_the_run_use_tuned_false_composes(tmp_path: Path):
+    """The detection Byzantine subset was trained at the synthetic preset (lr 0.01) before the tune wrote
+    conf/tuned/synthetic/fedavg.yaml (lr 0.03): the switch itself is no setting, what it changes is."""
+    from resfl_lightning.analysis.run_settings import saved_config_mismatch
+
+    preset = ["dataset=synthetic", "algorithm=fedavg", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings([*preset, "use_tuned=false"])
+    saved["use_tuned"] = True  # as it was saved: the switch on, no file to apply yet
+    text = OmegaConf.to_yaml(OmegaConf.create(saved))
+    assert saved_config_mismatch(text, [*preset, "use_tuned=false"]) == []
+    now = saved_config_mismatch(text, preset)  # today the tuned file applies
+    assert any(line.startswith("optim.lr: ") for line in now) and not any(line.startswith("use_tuned") for line in now)

@@ -124,7 +124,11 @@ def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monk
 
 
 def test_default_out_keeps_dataset_variants_apart():
-    from resfl_lightning.analysis.table import default_out
+    """One rule for every experiment's default folder (analysis/execute.py experiment_out)."""
+    from resfl_lightning.analysis.execute import Context, experiment_out, registered
+
+    def default_out(dataset, scenario, overrides, kind="table", *tags):
+        return experiment_out(kind, Context(dataset, scenario, overrides), *tags)
 
     race = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=race"])
     sex = default_out("adult", "iid", ["dataset.root=/d", "dataset.sensitive=sex", "seed=1"])
@@ -132,6 +136,14 @@ def test_default_out_keeps_dataset_variants_apart():
     assert default_out("synthetic", "group_skew", []).name == "table-synthetic-group_skew"
     own = default_out("csv", "iid", ["dataset.path=/home/me/credit.csv", "dataset.target=default"])
     assert own == Path("runs") / "table-csv-iid-default"  # a path value never becomes part of the folder name
+    assert default_out("adult", "iid", ["dataset.sensitive=race"], "robustness", "n4").name == \
+        "robustness-adult-iid-race-n4"
+    from resfl_lightning.analysis.execute import load_experiment
+
+    ctx = Context("adult", "iid", ["dataset.sensitive=race"])
+    for name, path in registered().items():  # every experiment's default folder follows the rule
+        folder = load_experiment(path).default_out(ctx).name
+        assert folder.endswith("-adult-iid-race"), (name, folder)
 
 
 def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: Path):

@@ -34,7 +34,7 @@ from resfl_lightning.trained.finetune import (
     finetune_indices,
     parameter_groups,
 )
-from resfl_lightning.trained.load import load_run_config
+from resfl_lightning.trained.load import read_trained_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -302,22 +302,22 @@ def test_finetune_lr_schedule_and_settings():
 
 def test_load_run_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.yaml"):
-        load_run_config(tmp_path)
+        read_trained_config(tmp_path)
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.create({"seed": 99}), tmp_path / ".hydra" / "config.yaml")
-    assert load_run_config(tmp_path).seed == 99
+    assert read_trained_config(tmp_path).seed == 99
     # RunFiles' resolved config.yaml wins over Hydra's unresolved one
     OmegaConf.save(OmegaConf.create({"dataset": {"name": "x", "num_images": 5}, "seed": 1}), tmp_path / "config.yaml")
-    cfg = load_run_config(tmp_path, overrides=["dataset.num_images=80"])
+    cfg = read_trained_config(tmp_path, overrides=["dataset.num_images=80"])
     assert cfg.seed == 1 and cfg.dataset.num_images == 80
     with pytest.raises(ValueError, match="dataset.num_imgs: the run's config"):
-        load_run_config(tmp_path, overrides=["dataset.num_imgs=80"])
+        read_trained_config(tmp_path, overrides=["dataset.num_imgs=80"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        load_run_config(tmp_path, overrides=["dataset.num_images"])
-    cfg = load_run_config(tmp_path, dataset="synthetic")
+        read_trained_config(tmp_path, overrides=["dataset.num_images"])
+    cfg = read_trained_config(tmp_path, dataset="synthetic")
     assert cfg.dataset == OmegaConf.load(REPO / "conf" / "dataset" / "synthetic.yaml")
     with pytest.raises(FileNotFoundError, match="available: .*synthetic"):
-        load_run_config(tmp_path, dataset="nope")
+        read_trained_config(tmp_path, dataset="nope")
 
 
 @pytest.fixture(scope="module")
