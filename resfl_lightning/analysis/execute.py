@@ -8,6 +8,7 @@ writing when a run failed. A new experiment is one module (an Experiment subclas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from resfl_lightning.analysis.experiment import ExperimentError, raise_failures, refuse_stale
-from resfl_lightning.analysis.run_data import RunData, load_run
+from resfl_lightning.analysis.run_data import RunData, finished_run
 from resfl_lightning.analysis.run_records import summed_wall
 
 
@@ -53,17 +54,17 @@ class Runs:
     def get(self, name: str) -> RunData | None:
         """The finished run `name` (its summary written), None while it has not finished."""
         if name not in self._read:
-            path = self.dir(name)
-            self._read[name] = load_run(path) if (path / "summary.json").is_file() else None
+            self._read[name] = finished_run(self.dir(name))
         return self._read[name]
 
     @property
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
-    @property
+    @functools.cached_property
     def runs_wall_s(self) -> float:
-        """The finished runs' own wall times, summed (they travel with each run in the ledger)."""
+        """The finished runs' own wall times, summed (they travel with each run in the ledger); read once, after
+        training, for the report's title and its header."""
         return summed_wall(self.dir(r.name) for r in self.planned)
 
 
@@ -137,16 +138,17 @@ def _figure_names(report: Report, target: Path) -> dict[str, str]:
 
 def publish(report: Report, out: Path, ctx: Context, runs: Runs, writer: str) -> Path | None:
     """OUT/<name> (and its figures and files); with ctx.results also the published copy with its provenance."""
-    from resfl_lightning.analysis.provenance import write_results
+    import shutil
+
+    from resfl_lightning.analysis.provenance import provenance_lines, write_with_provenance
 
     for name, text in report.files.items():
         (out / name).write_text(text)
     for name, draw in report.figures.items():
         draw(out / name)
-    wall, runs_wall = runs.elapsed_s, runs.runs_wall_s
-    run_dirs = [runs.dir(r.name) for r in runs.planned]
-    write_results(out / report.name, report.markdown, ctx.command, wall_s=wall, runs_wall_s=runs_wall,
-                  writer=writer, run_dirs=run_dirs)
+    # one header for both copies: it reads every run's record and the ledger's chunks
+    header = provenance_lines(ctx.command, runs.elapsed_s, runs.runs_wall_s, [runs.dir(r.name) for r in runs.planned])
+    write_with_provenance(out / report.name, report.markdown, writer, header)
     results = ctx.results
     if results is None:
         return None
@@ -154,10 +156,9 @@ def publish(report: Report, out: Path, ctx: Context, runs: Runs, writer: str) ->
     body = report.markdown
     for name, published in _figure_names(report, target).items():
         target.parent.mkdir(parents=True, exist_ok=True)
-        report.figures[name](target.parent / published)
+        shutil.copyfile(out / name, target.parent / published)
         body = body.replace(f"]({name})", f"]({published})")
-    return write_results(target, body, ctx.command, wall_s=wall, runs_wall_s=runs_wall, writer=writer,
-                         run_dirs=run_dirs)
+    return write_with_provenance(target, body, writer, header)
 
 
 def execute(experiment: Experiment, ctx: Context) -> tuple[Path, Report]:

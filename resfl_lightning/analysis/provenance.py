@@ -39,9 +39,14 @@ def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = No
 def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None,
                   writer: str = "resfl table", run_dirs: list[Path] | None = None) -> Path:
     """`body` (markdown starting with its `# title` line) with the provenance list under the title."""
+    return write_with_provenance(path, body, writer, provenance_lines(command, wall_s, runs_wall_s, run_dirs))
+
+
+def write_with_provenance(path: Path, body: str, writer: str, provenance: list[str]) -> Path:
+    """write_results with its provenance lines already made (a caller writing several copies makes them once)."""
     title, _, rest = body.partition("\n")
     text = "\n".join([title, "", f"Written by `{writer}`; regenerate it with the command below instead of editing.",
-                      "", *provenance_lines(command, wall_s, runs_wall_s, run_dirs), "", rest.lstrip("\n")])
+                      "", *provenance, "", rest.lstrip("\n")])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

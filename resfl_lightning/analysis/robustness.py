@@ -159,11 +159,13 @@ def unpaired_cells(grid: dict, cells: list[Cell], composed) -> list[str]:
     """Plan-time check: for each attacked cell, what its composed config (composed(cell) on the first seed) changes
     beyond the attack against its defence's clean cell."""
     out = []
+    references: dict[str, dict] = {}  # each defence's clean config, composed once
     for cell in cells:
         if cell.attack == CLEAN:
             continue
-        diff = pair_mismatch(composed(Cell(cell.defence, CLEAN, "honest", 0.0)), composed(cell),
-                             assumed_f_keys(grid, cell.defence))
+        if cell.defence not in references:
+            references[cell.defence] = composed(Cell(cell.defence, CLEAN, "honest", 0.0))
+        diff = pair_mismatch(references[cell.defence], composed(cell), assumed_f_keys(grid, cell.defence))
         if diff:
             out.append(f"{cell.name}: " + "; ".join(diff[:4]))
     return out

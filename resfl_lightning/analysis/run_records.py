@@ -4,6 +4,7 @@ finished (read by the launcher, the scheduler and the stale-run check)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,18 +29,9 @@ def trained_commits(run_dirs: Iterable[Path]) -> tuple[dict[str, int], int]:
     recorded it have none."""
     from resfl_lightning.analysis.checkout import commit_label
 
-    counts: dict[str, int] = {}
-    unknown = 0
-    for run_dir in run_dirs:
-        path = run_dir / "table_wall_s.json"
-        if not path.is_file() or not (run_dir / "summary.json").is_file():
-            continue
-        commit = json.loads(path.read_text()).get("commit")
-        if commit is None:
-            unknown += 1
-        else:
-            counts[commit_label(commit)] = counts.get(commit_label(commit), 0) + 1
-    return counts, unknown
+    commits = [json.loads((run_dir / "table_wall_s.json").read_text()).get("commit") for run_dir in run_dirs
+               if (run_dir / "table_wall_s.json").is_file() and (run_dir / "summary.json").is_file()]
+    return dict(Counter(commit_label(c) for c in commits if c is not None)), commits.count(None)
 
 
 def finished_wall(run_dir: Path) -> float | None:
