@@ -45,6 +45,13 @@ confidence: 0.95
 """
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch):
+    """An experiment's default paths are relative to the working directory (tune publishes its trial log to
+    docs/results/ by default): run in tmp_path, so no test writes into the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _small(name: str, tmp_path: Path):
     """(experiment, context) of a small declaration of the registered experiment `name`."""
     if name == "robustness":
