@@ -32,11 +32,14 @@ from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
 
-UTILITY = "utility"  # the rule's utility metric (accuracy or mAP@50), stored under this key per seed
-METRICS = ((UTILITY, "utility"), ("attack/aia_balanced_accuracy", "AIA bal. acc."),
+UTILITY = "utility"  # the rule's utility metric (validation accuracy or mAP@50), stored under this key per seed
+FAIRNESS = "fairness"  # the rule's Fairness Score metric (validation), stored under this key per seed
+TEST_UTILITY = "test_utility"  # the task's utility on the test split (run_data.UTILITY_KEYS): reported, never read
+METRICS = ((UTILITY, "utility (rule)"), (TEST_UTILITY, "test utility"),
+           ("attack/aia_balanced_accuracy", "AIA bal. acc."),
            ("attack/update_aia_balanced_accuracy", "update-AIA bal. acc."),
-           ("attack/mia_success_rate", "MIA bal. acc."), ("test/delta_eop", "ΔEOP"),
-           ("score/fairness", "Fairness Score"))
+           ("attack/mia_success_rate", "MIA bal. acc."), ("test/delta_eop", "test ΔEOP"),
+           (FAIRNESS, "Fairness Score (rule)"), ("score/fairness", "test Fairness Score"))
 
 
 def grid_file() -> Path:
@@ -55,6 +58,7 @@ class Grid:
     default: tuple[str, float]
     rule: dict
     text: str  # the file as written (quoted in frontier.md)
+    use_tuned: bool = True  # whether the runs apply conf/tuned/ (the grid file's `use_tuned`)
     tuning_seeds_by_dataset: dict[str, list[int]] = field(default_factory=dict)  # where a dataset declares its own
 
     def for_dataset(self, dataset: str) -> Grid:
@@ -71,12 +75,17 @@ def load_grid(path: Path | None = None) -> Grid:
                     confirmation_seeds=[int(s) for s in raw["confirmation_seeds"]],
                     baselines=[str(b) for b in raw["baselines"]], attacks=[str(a) for a in raw["attacks"]],
                     default=(str(raw["default"]["strength"]), float(raw["default"]["lambda_priv"])), rule=raw["rule"],
-                    text=path.read_text(),
+                    text=path.read_text(), use_tuned=bool(raw.get("use_tuned", True)),
                     tuning_seeds_by_dataset={str(d): [int(s) for s in seeds]
                                              for d, seeds in (raw.get("tuning_seeds_by_dataset") or {}).items()})
         missing = [k for k in ("minimise", "utility", "fairness") if k not in grid.rule]
         if missing:
             raise KeyError(f"rule.{missing[0]}")
+        missing = [f"rule.utility.{t}.metric" for t in ("classification", "detection")
+                   if "metric" not in grid.rule["utility"].get(t, {})] + \
+            ([] if "metric" in grid.rule["fairness"] else ["rule.fairness.metric"])
+        if missing:
+            raise KeyError(missing[0])
     except (KeyError, TypeError, AttributeError) as err:
         raise ExperimentError(f"{path}: missing or malformed key {err}") from None
     missing = [p for p in grid.strengths.values() if not (conf_dir() / "adversary" / f"{p}.yaml").is_file()]
@@ -127,20 +136,25 @@ def grid_points(grid: Grid) -> list[Point]:
 
 def run_overrides(grid: Grid, point: Point, dataset: str, scenario: str, seed: int, run_dir: Path,
                   overrides: list[str]) -> list[str]:
-    """One run's Hydra overrides: the common ones, the point's, then the user's (which win)."""
+    """One run's Hydra overrides: the common ones, the point's, then the user's (which win). Every run evaluates
+    the final model on the validation union (the rule's val/* metrics)."""
     return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *point.overrides(grid),
             f"seed={seed}", "attack=privacy", f"attack.enabled=[{','.join(grid.attacks)}]", f"run_dir={run_dir}",
-            "logger=none", "progress=false", *overrides]
+            "logger=none", "progress=false", "eval.final_validation=true",
+            *([] if grid.use_tuned else ["use_tuned=false"]), *overrides]
 
 
-def run_values(run: RunData | None) -> dict[str, float | None] | None:
-    """The frontier's metrics of one finished run (None: it did not finish). Utility: accuracy for classification,
-    mAP@50 for detection (the rule's metrics)."""
+def run_values(grid: Grid, run: RunData | None) -> dict[str, float | None] | None:
+    """The frontier's metrics of one finished run (None: it did not finish): the rule's utility (its metric for the
+    run's task) and Fairness Score under UTILITY and FAIRNESS, the test split's utility under TEST_UTILITY."""
     if run is None:
         return None
-    out = {key: run.value(key) for key, _ in METRICS if key != UTILITY}
-    out[UTILITY] = run.utility
-    out["task"] = run.task
+    out = {key: run.value(key) for key, _ in METRICS if key not in (UTILITY, FAIRNESS, TEST_UTILITY)}
+    task = run.task
+    out[UTILITY] = run.value(grid.rule["utility"][task]["metric"])
+    out[FAIRNESS] = run.value(grid.rule["fairness"]["metric"])
+    out[TEST_UTILITY] = run.utility
+    out["task"] = task
     return out
 
 
@@ -150,7 +164,7 @@ def collect(grid: Grid, points: list[Point], seeds: list[int], out: Path) -> dic
     for p in points:
         values[p.label] = {}
         for s in seeds:
-            v = run_values(finished_run(out / p.dir_name(grid, s)))
+            v = run_values(grid, finished_run(out / p.dir_name(grid, s)))
             if v is not None:
                 values[p.label][s] = v
     return values
@@ -178,7 +192,7 @@ def summarise_points(grid: Grid, values: dict[str, dict[int, dict]]) -> tuple[li
         if p.label == default:
             upper = 0.0  # the default against itself: the difference is identically 0
         else:
-            upper = paired_t(series(runs, fair["metric"]), series(values[default], fair["metric"]),
+            upper = paired_t(series(runs, FAIRNESS), series(values[default], FAIRNESS),
                              float(fair["confidence"])).high
         out.append(PointSummary(p.strength, p.lambda_priv, ranks[p.strength],
                                 t_test(list(series(runs, grid.rule["minimise"]).values())).mean,
@@ -196,7 +210,9 @@ def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]
     lines = [header, "", "The grid and the selection rule, as pre-registered (conf/table/adversary_frontier.yaml):",
              "", "```yaml", grid.text.rstrip(), "```", "",
              f"Per point: mean [{pct} % Student-t interval] over the tuning seeds (n = seeds with a value). "
-             f"Utility: {'mAP@50' if task == 'detection' else 'accuracy'}; floor {floor:.4f} (from FedAvg's mean). "
+             f"The rule reads {grid.rule['utility'][task]['metric']} (utility) and {grid.rule['fairness']['metric']} "
+             f"(Fairness Score); utility floor {floor:.4f} (from FedAvg's mean). The test columns are reported, "
+             "never read by the rule. "
              "update-AIA: n/a where the attack does not apply (IID shards: no shadow client fits).", "",
              "| point | n | " + " | ".join(h for _, h in METRICS) + " | Fairness − default (paired) | verdict |",
              "| --- | ---: |" + " ---: |" * len(METRICS) + " ---: | --- |"]
@@ -207,8 +223,8 @@ def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]
         runs = values.get(label, {})
         cells = [interval_text(t_test(list(series(runs, k).values()))) for k, _ in METRICS]
         if label in by_name:
-            fair = grid.rule["fairness"]["metric"]
-            diff = "—" if label == default else _diff_cell(paired_t(series(runs, fair), series(values[default], fair)))
+            diff = "—" if label == default else _diff_cell(paired_t(series(runs, FAIRNESS),
+                                                                    series(values[default], FAIRNESS)))
             verdict = selection.verdicts[label]
         else:
             diff, verdict = "—", "baseline"
@@ -220,7 +236,7 @@ def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]
 
 
 def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Selection, path: Path,
-                  title: str) -> None:
+                  title: str, task: str) -> None:
     """AIA balanced accuracy against utility: one line per phi strength over lambda_priv, the baselines as points;
     error bars are the Student-t intervals of the means."""
     import matplotlib
@@ -257,7 +273,7 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
     if selection.selected is not None:
         u, a = xy(Point(selection.selected.strength, selection.selected.lambda_priv).label)
         ax.scatter([u.mean], [a.mean], s=250, marker="*", facecolors="none", edgecolors="red", label="selected")
-    ax.set_xlabel("utility (accuracy, or mAP@50 for detection) ↑")
+    ax.set_xlabel(f"utility the rule reads ({grid.rule['utility'][task]['metric']}) ↑")
     ax.set_ylabel("AIA balanced accuracy ↓")
     save_figure(fig, ax, title, path)
 
@@ -275,8 +291,7 @@ def _confirmation(grid: Grid, values: dict[str, dict[int, dict]], selected: Poin
     fair, conf = grid.rule["fairness"], float(grid.rule["fairness"]["confidence"])
     aia = paired_t(series(values[selected.label], grid.rule["minimise"]),
                    series(values[default.label], grid.rule["minimise"]), conf)
-    gap = paired_t(series(values[selected.label], fair["metric"]), series(values[default.label], fair["metric"]),
-                   conf)
+    gap = paired_t(series(values[selected.label], FAIRNESS), series(values[default.label], FAIRNESS), conf)
     return confirmation_verdict(utility, floor, aia.low, aia.high, gap.high, float(fair["max_upper"]))
 
 
@@ -368,7 +383,7 @@ class Frontier(Experiment):
             "selected": None if chosen is None else {"strength": chosen.strength, "lambda_priv": chosen.lambda_priv},
             "reason": selection.reason, "utility_floor": floor, "task": task, "grid": grid.text}, indent=1)
         return Report(text, "frontier.md", {"frontier.png": lambda path: plot_frontier(grid, values, selection, path,
-                                                                                       title)},
+                                                                                       title, task)},
                       {"selection.json": saved})
 
     def confirmation_report(self, ctx: Context, runs: Runs, grid: Grid, points: list[Point], values,

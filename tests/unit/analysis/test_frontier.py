@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.frontier import Point, grid_points, load_grid, run_overrides
@@ -66,7 +67,8 @@ def test_the_registered_grid():
     grid = load_grid()
     assert grid.strengths == {"weak": "paper_minimal", "strong": "strong"}
     assert grid.lambdas == [0.0, 0.03, 0.1, 0.3, 1.0]
-    assert grid.tuning_seeds == list(range(100, 105)) and grid.confirmation_seeds == list(range(110, 120))
+    assert grid.tuning_seeds == list(range(100, 105)) and grid.confirmation_seeds == list(range(130, 140))
+    assert grid.use_tuned is False  # phi is chosen on the presets; tune starts from it
     assert grid.baselines == ["fedavg", "fedavg_dp"] and grid.default == ("weak", 0.1)
     assert grid.rule["utility"]["classification"]["min_minus"] == 0.005
     assert grid.rule["utility"]["detection"]["min_times"] == 0.98
@@ -84,7 +86,7 @@ def test_a_dataset_tunes_on_its_declared_seeds(tmp_path: Path):
     assert grid.for_dataset("adult").tuning_seeds == list(range(100, 105))
     assert grid.for_dataset("synthetic").confirmation_seeds == grid.confirmation_seeds
     raw = yaml.safe_load(grid_file().read_text())
-    for bad in ([], [100, 110]):  # empty, or overlapping the confirmation seeds
+    for bad in ([], [100, 130]):  # empty, or overlapping the confirmation seeds
         raw["tuning_seeds_by_dataset"] = {"facet": bad}
         path = tmp_path / "frontier.yaml"
         path.write_text(yaml.safe_dump(raw))
@@ -104,6 +106,8 @@ def test_each_run_composes_to_its_point(tmp_path: Path):
         cfg = composed_settings(run_overrides(grid, p, "adult", "iid", 101, tmp_path / "r", ["federation.rounds=2"]))
         alg = cfg["algorithm"]
         assert cfg["seed"] == 101 and cfg["federation"]["rounds"] == 2
+        # the rule's val/* metrics exist, and conf/tuned/adult/ (written from this frontier) is not applied
+        assert cfg["eval"]["final_validation"] is True and cfg["use_tuned"] is False and cfg["tuned_file"] is None
         assert cfg["attack"]["enabled"] == ["mia", "aia", "update_aia", "eod"]
         if p.baseline:
             assert alg["name"].startswith("fedavg_dp")
@@ -125,10 +129,46 @@ default: {strength: weak, lambda_priv: 0.3}
 rule:
   minimise: attack/aia_balanced_accuracy
   utility:
-    classification: {metric: test/accuracy, min_minus: 1.0}
-    detection: {metric: test/map_50, min_times: 0.0}
-  fairness: {metric: score/fairness, confidence: 0.95, max_upper: 0.0}
+    classification: {metric: val/accuracy, min_minus: 1.0}
+    detection: {metric: val/map_50, min_times: 0.0}
+  fairness: {metric: val/fairness_score, confidence: 0.95, max_upper: 0.0}
 """
+
+
+def test_the_rule_reads_its_declared_validation_keys_and_reports_test_utility(tmp_path: Path):
+    from resfl_lightning.analysis.frontier import FAIRNESS, TEST_UTILITY, UTILITY, run_values
+    from resfl_lightning.analysis.run_data import RunData
+
+    grid = load_grid()
+    (tmp_path / "config.yaml").write_text("dataset: {task: classification}\n")
+    run = RunData(tmp_path, {"val/accuracy": 0.71, "test/accuracy": 0.93, "val/fairness_score": 0.2,
+                             "score/fairness": 0.05, "attack/aia_balanced_accuracy": 0.6})
+    values = run_values(grid, run)
+    assert (values[UTILITY], values[FAIRNESS], values[TEST_UTILITY]) == (0.71, 0.2, 0.93)
+    assert values["score/fairness"] == 0.05 and values["task"] == "classification"
+
+
+def _rule_strings(node) -> list[str]:
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in _rule_strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _rule_strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_no_selection_rule_reads_the_test_split():
+    """Selection (the frontier's rule, tune's rule) reads validation keys only: no test/* key and no Fairness or
+    Privacy Score computed on the test split (score/*)."""
+    from resfl_lightning.resources import conf_dir
+
+    rules = {p.name: yaml.safe_load(p.read_text()).get("rule") for p in sorted((conf_dir() / "table").glob("*.yaml"))}
+    rules = {name: rule for name, rule in rules.items() if rule}
+    assert {"adversary_frontier.yaml", "tune.yaml"} <= set(rules)
+    for name, rule in rules.items():
+        keys = [s for s in _rule_strings(rule) if "/" in s]
+        assert keys, name
+        assert not [k for k in keys if k.startswith(("test/", "score/"))], (name, keys)
+
 
 
 @pytest.mark.slow
