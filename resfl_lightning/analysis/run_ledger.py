@@ -266,6 +266,13 @@ def active() -> Ledger | None:
     return _ACTIVE
 
 
+def carried(out: Path, name: str) -> Path | None:
+    """Where the active ledger carries the experiment-level file `name` of the experiment folder `out` (a file of
+    the experiment, not of one run, that its runs' settings depend on: tune's frozen bases); None without a ledger.
+    Entries live in *.jsonl.gz beside it, so nothing else reads it."""
+    return None if _ACTIVE is None else _ACTIVE.root / Path(out).name / name
+
+
 def keep(files: dict[str, tuple[str, ...] | None]) -> None:
     """What this command reads from a finished run beyond FILES (file -> its JSON-lines keys, None for the whole
     file), so that the active ledger carries it; nothing without a ledger."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from resfl_lightning.analysis import run_ledger
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.run_data import finished_run
 from resfl_lightning.analysis.run_settings import composed_settings, flatten
@@ -76,8 +77,12 @@ def run_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: 
 
 def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -> dict[str, dict]:
     """method -> {"file", "overrides"}: the tuned file each method's runs start from, as it was when that method's
-    tuning began here (OUT/bases.json; recorded now for a method tuned here for the first time)."""
-    path = out / "bases.json"
+    tuning began here (OUT/bases.json; recorded now for a method tuned here for the first time). The active ledger
+    carries the file with the runs: an OUT without it takes the ledger's, so that restored runs compose as they
+    were trained (the tuned files they started from have since been rewritten by the tune itself)."""
+    path, ledger_copy = out / "bases.json", run_ledger.carried(out, "bases.json")
+    if not path.is_file() and ledger_copy is not None and ledger_copy.is_file():
+        path.write_text(ledger_copy.read_text())
     bases = json.loads(path.read_text()) if path.is_file() else {}
     for m in methods:
         if m not in bases:
@@ -87,6 +92,9 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
                 raise ExperimentError(str(err)) from None
             bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}
     path.write_text(json.dumps(bases, indent=1))
+    if ledger_copy is not None:
+        ledger_copy.parent.mkdir(parents=True, exist_ok=True)
+        ledger_copy.write_text(path.read_text())
     return bases
 
 

@@ -333,6 +333,27 @@ def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
     assert frozen_bases(other, "adult", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
 
 
+def test_the_ledger_carries_the_bases_its_runs_started_from(tmp_path: Path):
+    from resfl_lightning.analysis import run_ledger
+
+    for machine in "abc":
+        (tmp_path / machine / "tune_x").mkdir(parents=True)
+    run_ledger.use(tmp_path / "ledger")
+    try:
+        first = frozen_bases(tmp_path / "a" / "tune_x", "adult", ["resfl"], [])
+        carried = tmp_path / "ledger" / "tune_x" / "bases.json"
+        assert json.loads(carried.read_text()) == first
+        # another machine: the tuned file has changed since (here: the ledger's copy says resfl started untuned)
+        carried.write_text(json.dumps({"resfl": {"file": None, "overrides": []}}))
+        assert frozen_bases(tmp_path / "b" / "tune_x", "adult", ["resfl"], [])["resfl"]["overrides"] == []
+        assert json.loads((tmp_path / "b" / "tune_x" / "bases.json").read_text())["resfl"]["file"] is None
+    finally:
+        run_ledger.use(None)
+    # no ledger: the bases come from conf/tuned/ as it is now
+    assert frozen_bases(tmp_path / "c" / "tune_x", "adult", ["resfl"], [])["resfl"] == first["resfl"] != {
+        "file": None, "overrides": []}
+
+
 def test_user_overrides_may_not_fix_what_a_run_or_a_grid_sets():
     grids = {"fedsam": [(), ("optim.lr*=3",), ("algorithm.sam_rho=0.1",)]}
     check_user_overrides(["federation.rounds=1", "use_tuned=false"], grids)
