@@ -9,7 +9,7 @@ validation Fairness Score is at most `max_increase` above the reference's (the m
 the reference's seeds), the highest mean validation utility wins; ties go to the trial listed first. The reference is
 trial 0 (the untuned preset) on the seeds where it learned and has a Fairness Score; where it has none, the fallback
 method's preset (FedAvg's in conf/table/tune.yaml) on its such seeds: a preset that predicts one class is no
-yardstick for fairness (the first Adult tune, docs/results/tune-adult-iid.md)."""
+yardstick for fairness (the first Adult tune; its log: docs/past-results.md, "retired")."""
 
 from __future__ import annotations
 
