@@ -83,6 +83,18 @@ def test_curvfed_prefers_low_loss_and_flat_clients():
     assert w[0] == pytest.approx(float(expected[0]))
 
 
+def test_curvfed_weights_for_three_clients_by_hand():
+    """Our reading of CurvFed's Eq. 12 (docs/method.md §4; the published body is not yet read): one softmax over
+    s_i = 1 / (l_i lambda_i + eps). l = (0.5, 1, 2), lambda = (0.4, 0.1, 1), eps = 0.005: products (0.2, 0.1, 2),
+    s = (4.878049, 9.523810, 0.498753), softmax by hand (exp(s_i - 9.523810), normalised)."""
+    reports = [report(0, loss=0.5, eig=0.4), report(1, loss=1.0, eig=0.1), report(2, loss=2.0, eig=1.0)]
+    w = SharpnessAware(eps=0.005).weights(reports)
+    assert [w[i] for i in range(3)] == pytest.approx([0.0095097626, 0.9903710402, 1.191971129e-4], rel=1e-8)
+    # a negative eigenvalue (power-iteration noise) counts as flat: the score is 1/eps
+    w = SharpnessAware(eps=0.005).weights([report(0, loss=1.0, eig=-0.3), report(1, loss=1.0, eig=0.0)])
+    assert [w[0], w[1]] == pytest.approx([0.5, 0.5])
+
+
 def test_bad_values_are_rejected_with_the_key():
     with pytest.raises(ValueError, match="beta"):
         UfmSoftmax(beta=-1.0)
