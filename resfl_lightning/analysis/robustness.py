@@ -126,12 +126,21 @@ def run_dir_for(out: Path, cell: Cell, seed: int) -> Path:
     return out / f"{cell.name}-s{seed}"
 
 
+def pinned_overrides(grid: dict, dataset: str, cell: Cell) -> list[str]:
+    """The settings the grid pins for the cell's algorithm on `dataset` (grid `pinned`: the tuned settings its runs
+    were made with, so that a later tune does not move its cells); [] where it pins none."""
+    algorithms = [o.split("=", 1)[1] for o in grid["defences"][cell.defence]["overrides"] if o.startswith("algorithm=")]
+    pins = (grid.get("pinned") or {}).get(dataset) or {}
+    return [o for a in algorithms for o in pins.get(a, [])]
+
+
 def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: int, out: Path,
                     overrides: list[str], run_dir: Path | None = None) -> list[str]:
     """The Hydra overrides of one run of the cell; it lives in run_dir_for(out, cell, seed) unless `run_dir` says."""
     rd = run_dir_for(out, cell, seed) if run_dir is None else run_dir
     return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *cell_overrides(grid, cell),
-            f"seed={seed}", f"run_dir={rd}", "logger=none", "progress=false", *overrides]
+            *pinned_overrides(grid, dataset, cell), f"seed={seed}", f"run_dir={rd}", "logger=none", "progress=false",
+            *overrides]
 
 
 # ---- pairing: an attacked run differs from its clean reference only in the attack --------------------------------

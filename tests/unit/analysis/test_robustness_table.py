@@ -270,6 +270,25 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
         assert cfg.attack[kind].fraction == cell.fraction, cell
 
 
+def test_a_pinned_setting_wins_over_the_tuned_file_only_on_its_dataset():
+    """The grid's runs keep the tuned settings they were made with whatever conf/tuned/ holds later: the pin comes
+    after the tuned file (which composition puts first) and applies per algorithm and dataset only."""
+    from resfl_lightning.analysis.robustness import pinned_overrides, train_overrides
+    from resfl_lightning.analysis.run_settings import composed_settings
+
+    grid = load_grid()
+    grid["pinned"] = {"adult": {"resfl": ["optim.lr=0.123", "algorithm.lambda_priv=0.7"], "fedavg": ["optim.lr=0.5"]}}
+    resfl, median = Cell("resfl", CLEAN, "honest", 0.0), Cell("median", "alie", "honest", 0.2)
+    assert pinned_overrides(grid, "adult", resfl) == ["optim.lr=0.123", "algorithm.lambda_priv=0.7"]
+    assert pinned_overrides(grid, "adult", median) == ["optim.lr=0.5"]  # median runs algorithm=fedavg
+    assert pinned_overrides(grid, "synthetic", resfl) == []
+    cfg = composed_settings(train_overrides("adult", "iid", grid, resfl, 0, Path("runs/unused"), []))
+    assert (cfg["optim"]["lr"], cfg["algorithm"]["lambda_priv"]) == (0.123, 0.7)
+    assert cfg["tuned_file"] == composed_settings(["dataset=adult", "algorithm=resfl"])["tuned_file"]
+    mine = composed_settings(train_overrides("adult", "iid", grid, resfl, 0, Path("runs/unused"), ["optim.lr=0.2"]))
+    assert mine["optim"]["lr"] == 0.2  # the command line still wins
+
+
 def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
     from resfl_lightning.analysis import run_ledger
 
