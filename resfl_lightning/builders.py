@@ -154,8 +154,11 @@ class Job:
 
 def build_run(cfg: DictConfig) -> Job:
     """Everything a run needs from the composed config. Nothing is built, launched or written before the config
-    passed load_config (and the dataset its preflight)."""
-    composed, cfg = cfg, load_config(cfg)
+    passed load_config (and the dataset its preflight). A group named by value is indexed first
+    (data/group_names.py); the run keeps the config as composed."""
+    from resfl_lightning.data.group_names import with_group_indices
+
+    composed, cfg = cfg, load_config(with_group_indices(cfg))
     selected(*read_attacks(cfg.attack))  # the attack and aggregation nodes are their registries' to check
     aggregator = build_aggregation(cfg.aggregation, report_fim=bool(cfg.algorithm.report_fim))
     from resfl_lightning.data.federated import build_federated_data, instantiate_dataset

@@ -57,13 +57,18 @@ def clear_composed() -> None:
     _composed_cell.cache_clear()
 
 
-def composed_settings(overrides: list[str]) -> dict[str, Any]:
-    """The resolved config `resfl train <overrides>` would run with (its tuned file applied), as plain containers."""
+def composed_config(overrides: list[str]):
+    """The config `resfl train <overrides>` would run with (its tuned file applied), unresolved: a fresh copy."""
     fixed, varying = _split_varying(list(overrides))
     cfg = copy.deepcopy(_composed_cell(str(conf_dir()), fixed))
     for key, value in varying:
         OmegaConf.update(cfg, key, value, force_add=True)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def composed_settings(overrides: list[str]) -> dict[str, Any]:
+    """The resolved config `resfl train <overrides>` would run with (its tuned file applied), as plain containers."""
+    return OmegaConf.to_container(composed_config(overrides), resolve=True)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

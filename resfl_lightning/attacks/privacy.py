@@ -36,6 +36,7 @@ from resfl_lightning.attacks.targets import (
     sample_members,
     split_reserve,
 )
+from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.evaluation.weather import weather_loader
 from resfl_lightning.metrics.fairness import privacy_score
 
@@ -66,16 +67,17 @@ def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
         plan.split = split_reserve(reserve, item_groups(data), mia, plan.seed)
         sizes = {k: len(getattr(plan.split, k)) for k in ("shadow_members", "shadow_nonmembers", "target_nonmembers")}
         if min(sizes.values()) < MIN_SHADOW_PER_SIDE:
-            raise ValueError(f"attack reserve of {len(reserve)} items is too small for the MIA split {sizes} (need >= "
-                             f"{MIN_SHADOW_PER_SIDE} each): raise dataset.reserve_fraction or the dataset size")
+            raise ConfigError(f"dataset.reserve_fraction: the attack reserve of {len(reserve)} items is too small for "
+                              f"the MIA split {sizes} (need >= {MIN_SHADOW_PER_SIDE} each): raise "
+                              "dataset.reserve_fraction or the dataset size")
         plan.members = sample_members(data, sizes["target_nonmembers"], plan.seed)
         plan.shadow = ShadowModel(federation, plan.split.shadow_members, plan.seed)
     if aia is not None and hasattr(data, "source") and hasattr(data.source, "annotations"):
         ann = data.source.annotations
         known = int(((ann.groups >= 0) & np.isin(ann.image_index, reserve)).sum())
         if known < 10:
-            raise ValueError(f"attack reserve holds {known} persons with a known group; the AIA probe needs >= 10 "
-                             "(raise dataset.reserve_fraction)")
+            raise ConfigError(f"dataset.reserve_fraction: the attack reserve holds {known} persons with a known group; "
+                              "the AIA probe needs >= 10 (raise dataset.reserve_fraction)")
     return plan
 
 

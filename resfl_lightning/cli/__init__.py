@@ -18,6 +18,7 @@ class Command(NamedTuple):
 
 COMMANDS: dict[str, Command] = {
     "train": Command("train", "one federated run; Hydra overrides: `resfl train dataset=adult federation.rounds=3`"),
+    "data": Command("data", "what a run's clients will see, without training: rows per split and group (train's keys)"),
     "table": Command("table", "every method x seed on one dataset and scenario, then the comparison table"),
     "robustness": Command("robustness", "the pre-registered Byzantine robustness grid: defences x attacks x f/n"),
     "frontier": Command("frontier", "the adversary's privacy-utility frontier and its pre-registered selection"),
@@ -61,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"{__name__}.{COMMANDS[name].module}")
     from resfl_lightning.analysis.runner import StoppedStarting  # stdlib only: no torch import for `--help`
+    from resfl_lightning.cli.input_errors import reported_input_errors
 
     try:
-        return int(module.main(rest) or 0)
+        with reported_input_errors():  # a config or data error: one line, exit status 2
+            return int(module.main(rest) or 0)
     except StoppedStarting as stop:  # a planned stop, not a failure: what finished is kept for the next call
         print(stop, file=sys.stderr)
         return 0

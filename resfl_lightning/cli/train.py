@@ -69,20 +69,33 @@ def tuned_args_for_printing(args: list[str]) -> list[str]:
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def app(cfg: DictConfig) -> None:
-    from resfl_lightning.config import ConfigError
+    from resfl_lightning.cli.input_errors import reported_input_errors
 
     if _COMMAND_LINE:
         sys.argv = list(_COMMAND_LINE)
-    try:
+    with reported_input_errors():  # a config or data error: one line, exit status 2
         run(apply_tuned(cfg))
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+
+
+def check_overrides(args: list[str]) -> None:
+    """A plain run's overrides composed once before Hydra starts, so that an unknown key or option is a config
+    error of one line with exit status 2 (Hydra prints its own over several lines); with Hydra's flags (--cfg, -m,
+    --help) Hydra reports them."""
+    if any(a.startswith("-") for a in args):
+        return
+    from hydra import compose, initialize_config_dir
+
+    from resfl_lightning.cli.input_errors import composition_errors, reported_input_errors
+
+    with reported_input_errors(), composition_errors(), initialize_config_dir(config_dir=CONF_DIR,
+                                                                              version_base="1.3"):
+        compose(config_name="train", overrides=args)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the Hydra app on `argv` (default: the process's arguments); Hydra's flags (--help, --cfg, -m) work."""
     command_line = list(sys.argv)
+    check_overrides(command_line[1:] if argv is None else list(argv))
     args = tuned_args_for_printing(command_line[1:] if argv is None else list(argv))
     _COMMAND_LINE[:] = command_line
     sys.argv = [command_line[0], *args]  # Hydra parses sys.argv[1:]

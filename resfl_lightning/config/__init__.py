@@ -1,7 +1,7 @@
 """The typed config: schema (schema.py, sections.py; fields.py for how a key is declared), cross-key rules
-(rules.py) and the one entry, `load_config` (load.py). Only the error type lives here, so that any module can raise it
-without importing the schema."""
+(rules.py) and the one entry, `load_config` (load.py). Only the error types live here, so that any module can raise
+them without importing the schema."""
 
-from resfl_lightning.config.errors import ConfigError
+from resfl_lightning.config.errors import ConfigError, InputError
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "InputError"]

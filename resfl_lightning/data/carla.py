@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.data.errors import AnnotationError
 from resfl_lightning.data.mst import GROUPINGS
 from resfl_lightning.data.records import (
     BadInput,
@@ -104,7 +105,7 @@ def _read_table(path: Path, columns: Sequence[str]) -> list[tuple[int, dict[str,
         header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
         missing = [c for c in columns if c not in header]
         if missing:
-            raise ValueError(f"{path} row 1 (header) lacks required columns {missing}; {CARLA_LAYOUT}")
+            raise AnnotationError(f"{path} row 1 (header) lacks required columns {missing}; {CARLA_LAYOUT}")
         rows = []
         for fields in reader:
             if not any(f.strip() for f in fields):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.data.errors import AnnotationError
 from resfl_lightning.data.mst import GROUPINGS
 from resfl_lightning.data.records import (
     BadInput,
@@ -187,11 +188,11 @@ def load_facet(
         reader = csv.reader(_checked_lines(fh, csv_path))
         header = next(reader, None)
         if header is None:
-            raise ValueError(f"{csv_path} is empty (no header row)")
+            raise AnnotationError(f"{csv_path} is empty (no header row)")
         header = [h.strip() for h in header]
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if missing:
-            raise ValueError(f"{csv_path} row 1 (header) lacks required columns {missing}")
+            raise AnnotationError(f"{csv_path} row 1 (header) lacks required columns {missing}")
         col = {name: i for i, name in enumerate(header)}
         has_gender = all(c in col for c in GENDER_COLUMNS)
         has_age = all(c in col for c in AGE_COLUMNS)
@@ -244,12 +245,12 @@ def load_facet(
 
 
 def _checked_lines(fh, path: Path):
-    """Decoded lines of a binary file; a non-UTF-8 line becomes a ValueError naming the file and line."""
+    """Decoded lines of a binary file; a non-UTF-8 line becomes an AnnotationError naming the file and line."""
     for line_no, raw in enumerate(fh, start=1):
         try:
             yield raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
         except UnicodeDecodeError as err:
-            raise ValueError(f"{path} line {line_no}: not UTF-8 text ({err})") from err
+            raise AnnotationError(f"{path} line {line_no}: not UTF-8 text ({err})") from err
 
 
 def _parse_row(

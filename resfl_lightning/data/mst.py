@@ -45,6 +45,13 @@ def num_groups(grouping: str) -> int:
     raise ValueError(f"unknown MST grouping {grouping!r}; expected one of {GROUPINGS}")
 
 
+def mst_group_names(grouping: str) -> tuple[str, ...]:
+    """The groups' names in index order: mst3 light, medium, dark (the cut points above); mst10 mst1 .. mst10."""
+    if num_groups(grouping) == 3:
+        return ("light", "medium", "dark")
+    return tuple(f"mst{k}" for k in range(1, 11))
+
+
 def mst_rgb(mst: int) -> tuple[int, int, int]:
     """RGB swatch of one MST value 1..10."""
     if not 1 <= int(mst) <= 10:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from resfl_lightning.config.errors import ConfigError
+
 Seed = int | np.random.Generator
 PARTITIONS = ("iid", "dirichlet", "column")
 SMALL_CLIENT_RULES = ("warn", "error", "merge", "drop")
@@ -43,7 +45,8 @@ def _check_clients(num_clients: int, n: int) -> None:
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     if n < num_clients:
-        raise ValueError(f"cannot split {n} items into {num_clients} non-empty client shards")
+        raise ConfigError(f"dataset.num_clients: cannot split {n} items into {num_clients} non-empty client shards",
+                          "dataset.num_clients")
 
 
 def image_groups(image_index: np.ndarray, groups: np.ndarray, n_images: int) -> np.ndarray:
@@ -214,7 +217,7 @@ def _named(names: list[str], small: list[int], shortfall: list[str]) -> str:
 
 def resolve_small_clients(shards: list[np.ndarray], names: list[str], val_fraction: float, rule: str,
                           min_train: int = MIN_TRAIN_ROWS) -> tuple[list[np.ndarray], list[str]]:
-    """Apply dataset.small_clients to the shards too small for their splits: error (ValueError naming them), warn
+    """Apply dataset.small_clients to the shards too small for their splits: error (ConfigError naming them), warn
     (kept, named in a SmallClientWarning), drop (their items unused) or merge (pooled into one client, which joins
     the smallest other client if still too small); the last two warn naming the clients."""
     if rule not in SMALL_CLIENT_RULES:
@@ -226,8 +229,9 @@ def resolve_small_clients(shards: list[np.ndarray], names: list[str], val_fracti
     named = _named(names, small, shortfall)
     advice = f"val_fraction={val_fraction}: {len(small)} of {len(shards)} clients are too small for their splits"
     if rule == "error":
-        raise ValueError(f"dataset.small_clients=error, {advice}: {named}. Use fewer clients, or "
-                         "dataset.small_clients=warn | merge | drop (merge / drop with partition=column)")
+        raise ConfigError(f"dataset.small_clients=error, {advice}: {named}. Use fewer clients, or "
+                          "dataset.small_clients=warn | merge | drop (merge / drop with partition=column)",
+                          "dataset.small_clients")
     small_set = set(small)
     keep = [i for i in range(len(shards)) if i not in small_set]
     if rule == "warn":
@@ -236,7 +240,8 @@ def resolve_small_clients(shards: list[np.ndarray], names: list[str], val_fracti
         return shards, names
     if rule == "drop":
         if not keep:
-            raise ValueError(f"dataset.small_clients=drop would drop every client ({advice}: {named})")
+            raise ConfigError(f"dataset.small_clients=drop would drop every client ({advice}: {named})",
+                              "dataset.small_clients")
         warnings.warn(f"dropped ({advice}; their items are unused): {named}", SmallClientWarning, stacklevel=3)
         return [shards[i] for i in keep], [names[i] for i in keep]
     pooled = np.sort(np.concatenate([shards[i] for i in small]))

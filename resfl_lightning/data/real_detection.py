@@ -16,7 +16,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.data.detection import Annotations, LoaderImages
+from resfl_lightning.data.errors import ImageError
 from resfl_lightning.data.facet import FACET_LICENCE_NOTICE
 from resfl_lightning.data.federated import FederatedDetectionData
 from resfl_lightning.data.mst import num_groups
@@ -42,10 +44,10 @@ class ImageFiles:
         path = self.paths[i]
         bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)  # honours EXIF orientation, like records.read_image_size
         if bgr is None:
-            raise ValueError(f"image {i}: cannot read {path} (missing, unreadable or corrupt)")
+            raise ImageError(f"image {i}: cannot read {path} (missing, unreadable or corrupt)")
         if bgr.shape[:2] != tuple(int(v) for v in self.sizes[i]):
-            raise ValueError(f"image {i}: {path} decodes to {bgr.shape[1]}x{bgr.shape[0]} (w x h) but was indexed as "
-                             f"{self.sizes[i][1]}x{self.sizes[i][0]}; was the file replaced after loading?")
+            raise ImageError(f"image {i}: {path} decodes to {bgr.shape[1]}x{bgr.shape[0]} (w x h) but was indexed as "
+                            f"{self.sizes[i][1]}x{self.sizes[i][0]}; was the file replaced after loading?")
         return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
@@ -83,7 +85,7 @@ def federated_splits(groups: np.ndarray, ds: Any, seed: int, pool: np.ndarray | 
     predefined eval / attack frames); client_labels: each image's partition-column value (partition=column)."""
     pool = np.arange(len(groups), dtype=np.int64) if pool is None else np.asarray(pool, dtype=np.int64)
     if len(pool) < ds.num_clients:
-        raise ValueError(f"dataset.num_clients: {ds.num_clients} clients but only {len(pool)} training images")
+        raise ConfigError(f"dataset.num_clients: {ds.num_clients} clients but only {len(pool)} training images")
     inner = make_federated_splits(
         groups[pool], num_clients=ds.num_clients,
         test_fraction=0.0 if test is not None else ds.test_fraction,

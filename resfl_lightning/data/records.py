@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from resfl_lightning.data.errors import AnnotationError, ImageError, MissingDataFile
 from resfl_lightning.data.mst import group_of_mst
 
 # Tolerance for boxes touching the image border after float32 rounding.
@@ -188,7 +189,8 @@ def read_image_size(path: Path, verify: bool = False) -> tuple[int, int]:
     """(height, width) of an image from its header, without decoding pixels unless `verify`.
 
     EXIF orientations 5-8 swap the sides, as decoders that honour EXIF (cv2.imread, ultralytics) see the image.
-    Raises ValueError for an unreadable/corrupt file (and, with `verify`, for truncated pixel data).
+    Raises ImageError (a ValueError) for an unreadable/corrupt file (and, with `verify`, for truncated pixel data),
+    MissingDataFile for a missing one.
     """
     try:
         with Image.open(path) as im:
@@ -198,12 +200,12 @@ def read_image_size(path: Path, verify: bool = False) -> tuple[int, int]:
             if verify:
                 im.load()
     except FileNotFoundError:
-        raise
+        raise MissingDataFile(f"{path}: image not found") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, ImportError) as err:
         # ImportError: ultralytics patches Image.open to retry unknown files as HEIF (pi_heif is not installed).
-        raise ValueError(f"corrupt or unreadable image {path}: {err}") from err
+        raise ImageError(f"corrupt or unreadable image {path}: {err}") from err
     if width <= 0 or height <= 0:
-        raise ValueError(f"image {path} has an empty size {width}x{height}")
+        raise ImageError(f"image {path} has an empty size {width}x{height}")
     if orientation in (5, 6, 7, 8):
         width, height = height, width
     return int(height), int(width)
@@ -222,7 +224,8 @@ class BadInput:
         self.messages: list[str] = []
 
     def report(self, message: str, missing_file: bool = False) -> None:
-        """Raise FileNotFoundError (missing file) / ValueError, or keep the message when skipping."""
+        """Raise MissingDataFile / AnnotationError (a FileNotFoundError / ValueError), or keep the message when
+        skipping."""
         if self.on_error == "raise":
-            raise (FileNotFoundError if missing_file else ValueError)(message)
+            raise (MissingDataFile if missing_file else AnnotationError)(message)
         self.messages.append(message)

@@ -13,15 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from resfl_lightning.data.errors import TableError
 from resfl_lightning.data.table_file import TableFormat, file_line
 
 # An object column whose non-missing values are at least this share numbers is a numeric column with bad values,
 # not a categorical one (a typo in a numeric column must not turn it into one-hot codes silently).
 NUMERIC_SHARE = 0.9
-
-
-class TableError(ValueError):
-    """Bad user table content; the message names file, line and column."""
 
 
 def where(path: Path, fmt: TableFormat, frame: pd.DataFrame, position: int, column: str) -> str:

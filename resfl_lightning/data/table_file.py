@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from resfl_lightning.data.errors import MissingDataFile, TableError
+
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
@@ -35,9 +37,9 @@ def is_parquet(path: Path) -> bool:
 
 
 def read_table(path: Path, fmt: TableFormat) -> pd.DataFrame:
-    """The file as a DataFrame (types inferred, surrounding spaces of fields stripped); ValueError names the file."""
+    """The file as a DataFrame (types inferred, surrounding spaces of fields stripped); TableError names the file."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise MissingDataFile(f"{path}: no such file")
     if is_parquet(path):
         return _read_parquet(path, fmt)
     try:
@@ -51,25 +53,25 @@ def read_table(path: Path, fmt: TableFormat) -> pd.DataFrame:
     except pd.errors.ParserWarning:
         width = len(fmt.columns) if fmt.columns else len(next(_header_fields(path, fmt), []))
         line_no = next((n for n, fields in _data_lines(path, fmt) if len(fields) > width), "?")
-        raise ValueError(f"{path} line {line_no}: more fields than the {width} column names") from None
+        raise TableError(f"{path} line {line_no}: more fields than the {width} column names") from None
     except pd.errors.EmptyDataError as err:
-        raise ValueError(f"{path}: the file is empty ({err})") from None
+        raise TableError(f"{path}: the file is empty ({err})") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot parse as CSV (sep={fmt.sep!r}): {err}") from None
+        raise TableError(f"{path}: cannot parse as CSV (sep={fmt.sep!r}): {err}") from None
     if fmt.header:
         duplicated = [c for c in frame.columns if str(c).rpartition(".")[0] in frame.columns]
         if duplicated:  # pandas renames a repeated header "x" to "x.1"
-            raise ValueError(f"{path} line 1: column {str(duplicated[0]).rpartition('.')[0]!r} appears twice")
+            raise TableError(f"{path} line 1: column {str(duplicated[0]).rpartition('.')[0]!r} appears twice")
     frame.columns = [str(c).strip() for c in frame.columns]
     if frame.empty:
-        raise ValueError(f"{path}: no data rows")
+        raise TableError(f"{path}: no data rows")
     _check_short_rows(path, fmt, frame)
     return frame
 
 
 def _read_parquet(path: Path, fmt: TableFormat) -> pd.DataFrame:
     if importlib.util.find_spec("pyarrow") is None:
-        raise ValueError(f"{path}: reading Parquet needs pyarrow, which is not installed (pip install pyarrow), "
+        raise TableError(f"{path}: reading Parquet needs pyarrow, which is not installed (pip install pyarrow), "
                          "or convert the file to CSV")
     frame = pd.read_parquet(path)
     if fmt.na_values:
@@ -85,7 +87,7 @@ def _check_short_rows(path: Path, fmt: TableFormat, frame: pd.DataFrame) -> None
     width = frame.shape[1]
     for line_no, fields in _data_lines(path, fmt):
         if len(fields) < width:
-            raise ValueError(f"{path} line {line_no}: expected {width} fields separated by {fmt.sep!r}, "
+            raise TableError(f"{path} line {line_no}: expected {width} fields separated by {fmt.sep!r}, "
                              f"got {len(fields)}")
 
 

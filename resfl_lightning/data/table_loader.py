@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from resfl_lightning.data.errors import TableError
 from resfl_lightning.data.partition import stratified_split
 from resfl_lightning.data.table_columns import (
-    TableError,
     as_text,
     binary_target,
     category_codes,

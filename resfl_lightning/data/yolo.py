@@ -11,6 +11,7 @@ partition=column. Every problem stops the load with a message naming the file, l
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from resfl_lightning.data.errors import AnnotationError, MissingDataFile
 from resfl_lightning.data.records import read_image_size
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -43,9 +45,10 @@ def _split_dirs(data_yaml: Path) -> dict[str, Path]:
     try:
         spec = yaml.safe_load(data_yaml.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"{data_yaml}: cannot read the dataset yaml: {err}") from None
+        raise AnnotationError(f"{data_yaml}: cannot read the dataset yaml: {err}") from None
     if not isinstance(spec, dict) or "train" not in spec:
-        raise ValueError(f"{data_yaml}: expected a mapping with at least a 'train' image folder (ultralytics format)")
+        raise AnnotationError(f"{data_yaml}: expected a mapping with at least a 'train' image folder (ultralytics "
+                              "format)")
     base = Path(str(spec.get("path") or data_yaml.parent)).expanduser()
     base = base if base.is_absolute() else data_yaml.parent / base
     out = {}
@@ -54,10 +57,10 @@ def _split_dirs(data_yaml: Path) -> dict[str, Path]:
         if value in (None, ""):
             continue
         if not isinstance(value, str):
-            raise ValueError(f"{data_yaml} key {split}: give one image folder, got {value!r}")
+            raise AnnotationError(f"{data_yaml} key {split}: give one image folder, got {value!r}")
         folder = (base / value).resolve()
         if not folder.is_dir():
-            raise ValueError(f"{data_yaml} key {split}: image folder {folder} does not exist")
+            raise AnnotationError(f"{data_yaml} key {split}: image folder {folder} does not exist")
         out[split] = folder
     return out
 
@@ -66,14 +69,14 @@ def label_path(image: Path) -> Path:
     """ultralytics' rule: the last /images/ of the path becomes /labels/, the suffix .txt."""
     parts = list(image.parts)
     if "images" not in parts:
-        raise ValueError(f"{image}: not under an 'images' folder, so its label file cannot be found")
+        raise AnnotationError(f"{image}: not under an 'images' folder, so its label file cannot be found")
     k = len(parts) - 1 - parts[::-1].index("images")
     parts[k] = "labels"
     return Path(*parts).with_suffix(".txt")
 
 
 def read_label_file(path: Path, person_class: int, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
-    """(row numbers, float32 (k, 4) boxes) of the person rows; ValueError names file and line of a bad row."""
+    """(row numbers, float32 (k, 4) boxes) of the person rows; AnnotationError names file and line of a bad row."""
     rows, boxes = [], []
     for line_no, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -82,16 +85,16 @@ def read_label_file(path: Path, person_class: int, tolerance: float) -> tuple[np
         try:
             cls, values = int(fields[0]), [float(v) for v in fields[1:]]
         except (ValueError, IndexError):
-            raise ValueError(f"{path} line {line_no}: expected 'class cx cy w h' (an integer and four numbers), "
-                             f"got {line.strip()[:80]!r}") from None
+            raise AnnotationError(f"{path} line {line_no}: expected 'class cx cy w h' (an integer and four numbers), "
+                                  f"got {line.strip()[:80]!r}") from None
         if len(values) != 4 or not np.isfinite(values).all():
-            raise ValueError(f"{path} line {line_no}: expected 'class cx cy w h' (an integer and four finite "
-                             f"numbers), got {line.strip()[:80]!r}")
+            raise AnnotationError(f"{path} line {line_no}: expected 'class cx cy w h' (an integer and four finite "
+                                  f"numbers), got {line.strip()[:80]!r}")
         cx, cy, w, h = values
         lo, hi = min(cx - w / 2, cy - h / 2), max(cx + w / 2, cy + h / 2)
         if w <= 0 or h <= 0 or lo < -tolerance or hi > 1 + tolerance:
-            raise ValueError(f"{path} line {line_no}: box cx={cx:g} cy={cy:g} w={w:g} h={h:g} lies outside the "
-                             f"image (normalised [0, 1], tolerance {tolerance:g}) or is empty")
+            raise AnnotationError(f"{path} line {line_no}: box cx={cx:g} cy={cy:g} w={w:g} h={h:g} lies outside the "
+                                  f"image (normalised [0, 1], tolerance {tolerance:g}) or is empty")
         if cls == person_class:
             rows.append(line_no - 1)
             boxes.append(values)
@@ -100,20 +103,47 @@ def read_label_file(path: Path, person_class: int, tolerance: float) -> tuple[np
 
 def _read_groups(path: Path) -> pd.DataFrame:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: groups file not found")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        raise MissingDataFile(f"{path}: groups file not found")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise AnnotationError(f"{path}: the groups file is empty (expected a header: image,group,...)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError):
+        raise AnnotationError(_malformed_line(path)) from None
     frame.columns = [c.strip() for c in frame.columns]
     for column in ("image", "group"):
         if column not in frame.columns:
-            raise ValueError(f"{path}: no column {column!r} (columns: {', '.join(frame.columns)})")
+            raise AnnotationError(f"{path}: no column {column!r} (columns: {', '.join(frame.columns)})")
     return frame
+
+
+def _malformed_line(path: Path) -> str:
+    """The first line whose field count differs from the header's (what pandas stops at), as an error message."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        reader = csv.reader(fh, skipinitialspace=True)
+        header = next(reader, [])
+        for fields in reader:
+            if fields and len(fields) != len(header):
+                return (f"{path} line {reader.line_num}: {len(fields)} fields, but the header "
+                        f"({','.join(header)}) has {len(header)}")
+    return f"{path}: cannot be read as CSV text (UTF-8, comma-separated, a header line first)"
+
+
+def group_order(frame: pd.DataFrame, listed: list[str] | None) -> list[str]:
+    """The group names in group-id order: the listed ones (dataset.groups), else the groups file's sorted."""
+    return list(listed) if listed else sorted(set(frame["group"]) - {""})
+
+
+def read_group_names(groups_file: Path, listed: list[str] | None = None) -> list[str]:
+    """The group names of a groups file as load_yolo numbers them, without reading the images or labels."""
+    return group_order(_read_groups(Path(groups_file)), listed)
 
 
 def _line(k: int) -> str:
     return f"line {k + 2}"  # header is line 1
 
 
-def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_order: list[str] | None = None,
+def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, listed_groups: list[str] | None = None,
               partition_column: str | None = None, box_tolerance: float = 0.0) -> YoloSet:
     """Read the images, person boxes and groups; see the module docstring for the formats."""
     dirs = _split_dirs(Path(data_yaml))
@@ -121,7 +151,7 @@ def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_o
     for split, folder in dirs.items():
         found = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
-            raise ValueError(f"{data_yaml} key {split}: no image in {folder}")
+            raise AnnotationError(f"{data_yaml} key {split}: no image in {folder}")
         paths += found
         splits += [split] * len(found)
     image_of = {}
@@ -132,8 +162,8 @@ def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_o
     for i, p in enumerate(paths):
         lp = label_path(p)
         if not lp.is_file():
-            raise ValueError(f"{p}: image without a label file (expected {lp}; an image without objects needs an "
-                             "empty one)")
+            raise AnnotationError(f"{p}: image without a label file (expected {lp}; an image without objects needs an "
+                                  "empty one)")
         rows, b = read_label_file(lp, person_class, box_tolerance)
         box_rows.append(rows)
         boxes.append(b)
@@ -145,8 +175,8 @@ def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_o
     by_box = "box" in frame.columns
     by_coords = all(c in frame.columns for c in ("x", "y", "w", "h"))
     if partition_column is not None and partition_column not in frame.columns:
-        raise ValueError(f"{groups_file}: no column {partition_column!r} (dataset.partition_column)")
-    names = list(group_order) if group_order else sorted(set(frame["group"]) - {""})
+        raise AnnotationError(f"{groups_file}: no column {partition_column!r} (dataset.partition_column)")
+    names = group_order(frame, listed_groups)
     group_id = {g: k for k, g in enumerate(names)}
     groups = np.full(len(image_index), -1, np.int64)
     client = np.full(len(paths), "", dtype=object)
@@ -155,28 +185,29 @@ def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_o
         image = rec["image"].strip()
         i = image_of.get(image, image_of.get(str((Path(data_yaml).parent / image).resolve())))
         if i is None:
-            raise ValueError(f"{groups_file} {_line(k)} column 'image': {image!r} is not an image of {data_yaml}")
+            raise AnnotationError(f"{groups_file} {_line(k)} column 'image': {image!r} is not an image of {data_yaml}")
         if rec["group"] not in group_id:
-            raise ValueError(f"{groups_file} {_line(k)} column 'group': {rec['group']!r} is not among the groups "
-                             f"({', '.join(names)})")
+            raise AnnotationError(f"{groups_file} {_line(k)} column 'group': {rec['group']!r} is not among the groups "
+                                  f"({', '.join(names)})")
         persons = np.arange(first[i], first[i + 1])
         if by_box and rec["box"].strip() != "":
             try:
                 hit = persons[box_rows[i] == int(rec["box"])]
             except ValueError:
-                raise ValueError(f"{groups_file} {_line(k)} column 'box': {rec['box']!r} is not a row number") from None
+                raise AnnotationError(f"{groups_file} {_line(k)} column 'box': {rec['box']!r} is not a row "
+                                      "number") from None
             if hit.size == 0:
-                raise ValueError(f"{groups_file} {_line(k)} column 'box': row {rec['box']} of {label_path(paths[i])} "
-                                 f"is not a person box (class {person_class})")
+                raise AnnotationError(f"{groups_file} {_line(k)} column 'box': row {rec['box']} of "
+                                      f"{label_path(paths[i])} is not a person box (class {person_class})")
         elif by_coords and rec["x"].strip() != "":
             try:
                 xywh = np.array([float(rec[c]) for c in ("x", "y", "w", "h")], np.float32)
             except ValueError:
-                raise ValueError(f"{groups_file} {_line(k)} columns x, y, w, h: not numbers") from None
+                raise AnnotationError(f"{groups_file} {_line(k)} columns x, y, w, h: not numbers") from None
             hit = persons[np.abs(all_boxes[persons] - xywh).max(axis=1) <= BOX_MATCH] if persons.size else persons
             if hit.size == 0:
-                raise ValueError(f"{groups_file} {_line(k)} columns x, y, w, h: no person box of "
-                                 f"{label_path(paths[i])} matches {xywh.tolist()}")
+                raise AnnotationError(f"{groups_file} {_line(k)} columns x, y, w, h: no person box of "
+                                      f"{label_path(paths[i])} matches {xywh.tolist()}")
         else:
             hit = persons
         groups[hit] = group_id[rec["group"]]
@@ -184,8 +215,8 @@ def load_yolo(data_yaml: Path, groups_file: Path, person_class: int = 0, group_o
             client[i] = str(rec[partition_column]).strip()
     if partition_column is not None and (client == "").any():
         missing = paths[int(np.flatnonzero(client == "")[0])]
-        raise ValueError(f"{groups_file}: no {partition_column!r} value for image {missing.name} (partition=column "
-                         "needs one per image)")
+        raise AnnotationError(f"{groups_file}: no {partition_column!r} value for image {missing.name} "
+                              "(partition=column needs one per image)")
     sizes = np.array([read_image_size(p) for p in paths], np.int64).reshape(-1, 2)
     return YoloSet(image_paths=paths, image_sizes=sizes, image_split=np.asarray(splits), image_index=image_index,
                    boxes=all_boxes, groups=groups, group_names=names,

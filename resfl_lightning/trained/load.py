@@ -45,11 +45,12 @@ def load_detection_run(run_dir: Path, dataset: str | None, overrides: Sequence[s
     in the error why a classification run does not fit."""
     from resfl_lightning.config.load import load_config
     from resfl_lightning.data.federated import instantiate_dataset
+    from resfl_lightning.data.group_names import with_group_indices
 
     ckpt = Path(run_dir) / "checkpoints" / "last.pt"
     if not ckpt.is_file():
         raise FileNotFoundError(f"no global model at {ckpt}; train first (resfl train ...)")
-    cfg = load_config(read_trained_config(run_dir, dataset, overrides))
+    cfg = load_config(with_group_indices(read_trained_config(run_dir, dataset, overrides)))
     if cfg.dataset.task != "detection":
         raise ValueError(f"dataset {cfg.dataset.name!r} is a {cfg.dataset.task} task; {purpose}")
     instantiate_dataset(cfg.dataset).preflight()

@@ -239,3 +239,45 @@ def test_readme_shows_every_resfl_command():
     shown = set(re.findall(r"\bresfl ([a-z][\w-]*)", "\n".join(code_blocks(text) + inline_code(text))))
     assert shown - set(COMMANDS) == set(), f"README shows commands `resfl` lacks: {sorted(shown - set(COMMANDS))}"
     assert set(COMMANDS) - shown == set(), f"README leaves out commands: {sorted(set(COMMANDS) - shown)}"
+
+
+def own_data_steps() -> dict[str, list[str]]:
+    """The `resfl <command>` lines of the README's own-data code block (continuations joined): command -> arguments."""
+    section = readme_text().split("## Your own data", 1)[1].split("\n## ", 1)[0]
+    lines = code_blocks(section)[0].replace("\\\n", " ").splitlines()
+    return {shlex.split(line)[1]: shlex.split(line)[2:] for line in lines if line.startswith("resfl ")}
+
+
+def test_readme_own_data_steps_run_on_a_generated_csv(tmp_path, monkeypatch, capsys):
+    """The three steps (look, train, compare) on the small CSV tests/helpers.py writes, as the README shows them:
+    `resfl data` reports the file's groups, `resfl train` trains one round with the group named by value and keeps
+    the name in its config, and `resfl table` composes the same dataset config as the run."""
+    import json
+
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from resfl_lightning import cli
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.cli.table import parse_args
+    from resfl_lightning.train import run
+    from tests.helpers import write_loans
+
+    steps = own_data_steps()
+    assert list(steps) == ["data", "train", "table"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RESFL_CACHE_DIR", str(tmp_path / "cache"))
+    write_loans(tmp_path / "loans.csv", n=2000)  # 400 rows would leave the table's privacy attacks too small a reserve
+    assert cli.main(["data", "--json", *steps["data"]]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    frame = pd.read_csv(tmp_path / "loans.csv")
+    assert facts["group_names"] == sorted(frame["race"].unique())
+    assert sum(r["items"] for r in facts["splits"] if r["client"] is None) == len(frame)
+    run_dir = tmp_path / "run"
+    run(compose_config(*steps["train"], "logger=none", "progress=false", "federation.rounds=1", f"run_dir={run_dir}"))
+    assert (run_dir / "summary.json").is_file()
+    assert OmegaConf.load(run_dir / "config.yaml").dataset.protected_group == "Black"
+    table = parse_args(steps["table"])
+    assert table.dataset == "csv"
+    assert composed_settings([f"dataset={table.dataset}", *table.overrides])["dataset"] == \
+        composed_settings(steps["train"])["dataset"]

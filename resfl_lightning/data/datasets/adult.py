@@ -73,7 +73,7 @@ class AdultDataset(CsvDataset):
                               f"from {ADULT_URL}); fix dataset.root or set dataset.download=true")
         self.table_spec()
 
-    def build(self, seed: int):
+    def load(self, seed: int):
         """The UCI files fetched when asked and checked against their SHA-256 (a warning on a mismatch), then the
         CSV loader with Adult's columns."""
         from resfl_lightning.data.adult import download_adult, verify_adult_checksum
@@ -84,6 +84,10 @@ class AdultDataset(CsvDataset):
             download_adult(train_path.parent, ADULT_URL)
         for path in (train_path, test_path):
             verify_adult_checksum(path)
+        return super().load(seed)
+
+    def build(self, seed: int):
+        """The CSV loader's federated data (from `load`), its feature width checked against the config."""
         data = super().build(seed)
         if data.num_features != self.num_features:  # the expected count and the loader must agree
             raise ConfigError(f"dataset.num_features: the loaded data has {data.num_features} features, "

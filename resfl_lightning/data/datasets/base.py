@@ -70,7 +70,8 @@ class FederatedDataset(Section):
     val_fraction: float = setting(0.1, "share of each client's shard used for validation", ge=0, lt=1)
     batch_size: int = setting(16, "training batch size", ge=1)
     loader: LoaderSettings = setting(LoaderSettings(), "DataLoader workers")
-    protected_group: int | None = setting(None, "the group the fairness attacks protect by default", ge=0)
+    protected_group: int | None = setting(None, "the group the fairness attacks protect by default: its index, or "
+                                          "its name where the dataset names its groups (data/group_names.py)", ge=0)
     quality_skew: QualitySkewSettings | None = setting(None, "scenario=quality_skew (detection data only)")
 
     supports_column_partition: ClassVar[bool] = False  # True for datasets that read a partition column
@@ -83,6 +84,11 @@ class FederatedDataset(Section):
     def preflight(self) -> None:
         """Cheap checks in the launching process before any worker starts (files present, licence notice);
         raise ConfigError naming the key to fix. Nothing to check by default."""
+
+    def group_names(self, seed: int) -> tuple[str, ...] | None:
+        """The group names in group-id order, read as cheaply as the data allows (a group named by value in the
+        config is resolved against them, data/group_names.py); None: this dataset names its groups by index only."""
+        return None
 
     def build(self, seed: int) -> Any:
         """The federated data (see the class docstring); called on every rank."""

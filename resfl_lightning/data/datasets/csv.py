@@ -131,14 +131,24 @@ class CsvDataset(FederatedDataset):
             if path is not None and not path.is_file():
                 raise ConfigError(f"dataset.{'root' if self.root else 'path'}: {path} does not exist")
 
+    def load(self, seed: int):
+        """The preprocessed table (data/table_loader.py), from the cache when an earlier run stored it."""
+        from resfl_lightning.data.table_cache import cached_load_table
+
+        train_path, test_path = self.data_paths()
+        return cached_load_table(train_path, test_path, self.table_spec(), test_fraction=self.test_fraction,
+                                 seed=seed)
+
+    def group_names(self, seed: int) -> tuple[str, ...]:
+        """The sensitive values (combinations, bins) in group-id order; the table is read once and cached, so the
+        build that follows reads it back."""
+        return tuple(self.load(seed).group_names)
+
     def build(self, seed: int):
         """Read and preprocess the table, then shard its training rows over the clients."""
-        from resfl_lightning.data.table_cache import cached_load_table
         from resfl_lightning.data.tabular import federated_tabular_data
 
-        spec = self.table_spec()
-        train_path, test_path = self.data_paths()
-        table = cached_load_table(train_path, test_path, spec, test_fraction=self.test_fraction, seed=seed)
+        table = self.load(seed)
         self.check_loaded(table)
         log.info("dataset %s: groups %s", self.name, ", ".join(f"{i}={g}" for i, g in enumerate(table.group_names)))
         data = federated_tabular_data(

@@ -9,7 +9,7 @@ from pathlib import Path
 from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.config.fields import setting
 from resfl_lightning.data.datasets.base import FederatedDataset
-from resfl_lightning.data.mst import GROUPINGS
+from resfl_lightning.data.mst import GROUPINGS, mst_group_names
 from resfl_lightning.data.records import ON_ERROR
 
 MODEL_STRIDE = 32  # YOLOv8's largest stride: a letterboxed side must be a multiple of it
@@ -23,6 +23,10 @@ class ImageDataset(FederatedDataset):
     grouping: str = setting("mst10", "mst10: 10 Monk Skin Tone groups; mst3: light / medium / dark",
                             choices=GROUPINGS)
     protected_groups: dict[str, int] = setting({}, "per grouping, the group protected_group defaults to")
+
+    def group_names(self, seed: int) -> tuple[str, ...]:
+        """The MST grouping's names (data/mst.py): light, medium, dark or mst1..mst10."""
+        return mst_group_names(self.grouping)
 
 
 def letterbox_side(ds: ImageDataset) -> None:

@@ -39,6 +39,12 @@ class YoloDataset(ImageDataset):
             if not path.is_file():
                 raise ConfigError(f"dataset.{key}: {path} does not exist")
 
+    def group_names(self, seed: int) -> tuple[str, ...]:
+        """dataset.groups, else the groups file's groups sorted (its images and labels are not read)."""
+        from resfl_lightning.data.yolo import read_group_names
+
+        return tuple(read_group_names(self.paths()[1], self.groups))
+
     def build(self, seed: int):
         from resfl_lightning.data.datasets.csv import check_client_count
         from resfl_lightning.data.detection import Annotations, LoaderImages
@@ -48,7 +54,7 @@ class YoloDataset(ImageDataset):
         from resfl_lightning.data.yolo import load_yolo
 
         data_yaml, groups_file = self.paths()
-        found = load_yolo(data_yaml, groups_file, person_class=self.person_class, group_order=self.groups,
+        found = load_yolo(data_yaml, groups_file, person_class=self.person_class, listed_groups=self.groups,
                           partition_column=self.partition_column if self.partition == "column" else None,
                           box_tolerance=self.box_tolerance)
         if len(found.group_names) < 2:
