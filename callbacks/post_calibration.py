@@ -12,9 +12,10 @@ from resfl_lightning.baselines.privfairfl import (
 
 
 class PostCalibration:
-    """Runs after GlobalEvaluation: the calibration is fitted from ClientReport.calibration alone; on evaluation
-    rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to test/uncalibrated/; the
-    same for val/ in the last round), and the round's test pass carries the rule so that EOD measures it too."""
+    """Runs after GlobalEvaluation: the calibration is fitted from the clients' reported counts alone (ClientReport.
+    extras); on evaluation rounds the calibrated rule's fairness metrics replace the test ones (the raw ones move to
+    test/uncalibrated/; the same for val/ in the last round), and the round's test pass carries the rule so that EOD
+    measures it too."""
 
     def __init__(self, settings: PostCalibrationSettings, evaluation):
         self.settings, self.evaluation = settings, evaluation

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -50,36 +49,45 @@ def federation_settings(cfg: DictConfig) -> FederationSettings:
     )
 
 
+class ClientFactory:
+    """Fresh client modules of one run (the rank's live client, attack shadow models): the config, the algorithm and
+    the client settings are checked and built once; each call builds a client for dataset.task and the algorithm
+    attaches its plug-ins (before any gradient exists, so every client and the global model share one layout)."""
+
+    def __init__(self, cfg: DictConfig, data):
+        self.cfg, self.data = load_config(cfg), data
+        self.algorithm = algorithm_of(self.cfg)
+        self.ufm, self.optim = ufm_settings(self.cfg), optim_settings(self.cfg)
+        self.row_weights = None  # Kamiran-Calders weights of every row (algorithm.local_reweighting)
+        if self.algorithm.local_reweighting:  # a detection dataset was refused by the config rules
+            from resfl_lightning.data.reweighing import split_row_weights
+
+            self.row_weights = split_row_weights(data.groups, data.y, [c.train for c in data.splits.clients])
+
+    def __call__(self):
+        return self.algorithm.attach(self._task_client(), self.cfg)
+
+    def _task_client(self):
+        cfg, algorithm, data = self.cfg, self.algorithm, self.data
+        weights, adversary = algorithm.loss_weights(), algorithm.adversary(cfg.federation.rounds)  # one per client
+        if cfg.dataset.task == "detection":
+            from resfl_lightning.clients.detection import DetectionClient
+            from resfl_lightning.models.yolo import YoloSpec
+
+            spec = YoloSpec(num_classes=data.num_classes, scale=cfg.model.scale, yaml=cfg.model.yaml,
+                            image_size=cfg.dataset.image_size)
+            return DetectionClient(spec, data.num_groups, weights, self.ufm, self.optim, adversary=adversary)
+        from resfl_lightning.clients.tabular import TabularClient
+
+        return TabularClient(data.num_features, data.num_groups, weights, self.ufm, self.optim,
+                             hidden=tuple(cfg.model.hidden), num_classes=data.num_classes, adversary=adversary,
+                             row_weights=self.row_weights)
+
+
 def build_client(cfg: DictConfig, data):
-    """A fresh client module for the configured dataset, model and algorithm; the algorithm attaches its plug-ins
-    (DP-SGD, PrivFairFL hooks) here, before any gradient exists, so every client and the global model share one
-    layout. `cfg`: the typed config (a composed one is validated first)."""
-    cfg = load_config(cfg)
-    algorithm = algorithm_of(cfg)
-    return algorithm.attach(_task_client(cfg, algorithm, data), cfg)
-
-
-def _task_client(cfg: DictConfig, algorithm: Algorithm, data):
-    """A fresh client module (detection or tabular, by dataset.task) for the configured dataset and model."""
-    num_groups, num_classes = data.num_groups, data.num_classes
-    if cfg.dataset.task == "detection":
-        from resfl_lightning.clients.detection import DetectionClient
-        from resfl_lightning.models.yolo import YoloSpec
-
-        spec = YoloSpec(num_classes=num_classes, scale=cfg.model.scale, yaml=cfg.model.yaml,
-                        image_size=cfg.dataset.image_size)
-        return DetectionClient(spec, num_groups, algorithm.loss_weights(), ufm_settings(cfg), optim_settings(cfg),
-                               adversary=algorithm.adversary(cfg.federation.rounds))
-    from resfl_lightning.clients.tabular import TabularClient
-
-    row_weights = None
-    if algorithm.local_reweighting:  # a detection dataset was refused by the config rules
-        from resfl_lightning.data.reweighing import split_row_weights
-
-        row_weights = split_row_weights(data.groups, data.y, [c.train for c in data.splits.clients])
-    return TabularClient(data.num_features, num_groups, algorithm.loss_weights(), ufm_settings(cfg),
-                         optim_settings(cfg), hidden=tuple(cfg.model.hidden), num_classes=num_classes,
-                         adversary=algorithm.adversary(cfg.federation.rounds), row_weights=row_weights)
+    """One fresh client module for the configured dataset, model and algorithm (`cfg`: a composed config is
+    validated first)."""
+    return ClientFactory(cfg, data)()
 
 
 def build_logger(cfg: DictConfig, run_dir: Path, composed: DictConfig):
@@ -184,9 +192,10 @@ def build_run(cfg: DictConfig) -> Job:
         torch.set_num_threads(cfg.fabric.threads_per_process)
     data = build_federated_data(dataset, seed=cfg.seed, rank_zero=fabric.is_global_zero, printer=fabric.print,
                                 device_type=fabric.device.type)
-    factory = partial(build_client, cfg, data)
+    factory = ClientFactory(cfg, data)
     run_id = logger.version if (logger is not None and fabric.is_global_zero and cfg.logger.kind == "wandb") else ""
     # The run directory keeps the config as composed (callbacks/run_files.py): what a re-run composes compares to it.
     federation = Federation(fabric=fabric, client_factory=factory, data=data, aggregator=aggregator,
-                            settings=federation_settings(cfg), logger_run_id=str(run_id or ""), config=composed)
+                            settings=federation_settings(cfg), server_plugins=algorithm.server_plugins(),
+                            logger_run_id=str(run_id or ""), config=composed)
     return Job(federation)

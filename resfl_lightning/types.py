@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,20 +25,17 @@ class ClientReport:
     val_delta_eop: float = math.nan  # validation ΔEOP of the reported model (the UFM mechanism check uses it)
     train_losses: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    dp_epsilon: float = math.nan  # DP-SGD: epsilon this client has spent so far over the run (NaN without DP)
-    # DP-SGD: the client's accounting numbers (privacy/dp.py ClientDP.statistics: z, q, steps, NSR, ...); {} without
-    dp_statistics: dict[str, float] = field(default_factory=dict)
-    # PrivFairFL-Post: aggregate validation counts/sums (per group, per threshold) for server-side calibration;
-    # never per-sample values or individual group labels (baselines/privfairfl.py)
-    calibration: dict[str, float] = field(default_factory=dict)
-    # PUFFLE's fallback: the (G, K + 1) table of per-group parity mass per class and row count of the received model
-    # on the training split, noised for epsilon_stat under DP (clients/parity_rates.py); [] otherwise
-    parity_counts: list[list[float]] = field(default_factory=list)
+    # A method's own entries, written by its client plug-ins (clients/plugin.py ClientPlugin.report) and read by
+    # its server side: scalars or aggregate counts (e.g. DP-SGD's spent epsilon, privacy/report.py), never
+    # per-sample values or individual group labels
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def as_log_dict(self, prefix: str) -> dict[str, float]:
-        out = {f"{prefix}/{k}": float(v) for k, v in asdict(self).items() if isinstance(v, (int, float, bool))}
+        """The fields, the scalar extras (tables and mappings are the server's, not logged), the mean losses and the
+        timings as <prefix>/<key> metrics."""
+        scalars = {**{f.name: getattr(self, f.name) for f in fields(self)}, **self.extras}
+        out = {f"{prefix}/{k}": float(v) for k, v in scalars.items() if isinstance(v, (int, float, bool))}
         out.update({f"{prefix}/loss_{k}": v for k, v in self.train_losses.items()})
         out.update({f"{prefix}/time_{k}": v for k, v in self.timings.items()})
-        out.update({f"{prefix}/dp_{k}": v for k, v in self.dp_statistics.items()})
         out.pop(f"{prefix}/client_id", None)
         return out

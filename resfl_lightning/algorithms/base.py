@@ -1,29 +1,32 @@
 """What a federated method sets on the clients: the local loss terms, the adversary, SAM / best-epoch local
-optimisation and the server's SWA schedule (docs/method.md). The server's aggregation rule is chosen separately
-(conf/aggregation/).
+optimisation, the server's SWA schedule (docs/method.md) and its plug-ins at the client/server boundary
+(clients/plugin.py). The server's aggregation rule is chosen separately (conf/aggregation/).
 
 conf/algorithm/<method>.yaml names the class in `_target_` and sets its keys; the keys below are the ones every
-method has (RESFL, FedAvg, FairFed, CurvFed, FedSAM and FedSWA are all this class with other values). A method that
-needs more subclasses it (dp.py, privfairfl.py):
-    attach(client, run)         add what a freshly built client needs (called before any gradient exists)
+method has (RESFL, FedAvg, FairFed, CurvFed, FedSAM and FedSWA are all this class with other values; the loss weights
+and phi's settings are declared in clients/settings.py). A method that needs more subclasses it (dp.py, puffle.py,
+privfairfl.py) and overrides:
+    attach(client, run)           change a freshly built client (before any gradient exists), then add its plug-ins
+    client_plugins(client, run)   the ClientPlugins a freshly built client gets, in hook order
+    server_plugins()              the ServerPlugins the orchestrator calls at each round's end
     server_callbacks(evaluation)  callbacks the method adds to the run (inserted after the global evaluation)
-    per_sample_clipping         True for DP-SGD methods (the config rules then exclude SAM, curvature, fp16)
+    per_sample_clipping           True for DP-SGD methods (the config rules then exclude SAM, curvature, fp16)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from resfl_lightning.clients.settings import ADVERSARY_PREFIX, NOT_CONFIG_KEYS, AdversarySettings, LossWeights
 from resfl_lightning.config import rules
-from resfl_lightning.config.fields import Section, setting
-from resfl_lightning.losses.grl import GRL_SCHEDULES
-from resfl_lightning.losses.roi_mean import ROI_IMPLS
+from resfl_lightning.config.fields import Section, prefixed, setting
 
 
 @dataclass(kw_only=True)
-class Algorithm(Section):
+class Algorithm(LossWeights, prefixed(AdversarySettings, ADVERSARY_PREFIX, skip=NOT_CONFIG_KEYS), Section):
     section = "algorithm"
     checks = (rules.swa_start_value, rules.swa_lr_pair)
     per_sample_clipping: ClassVar[bool] = False
@@ -34,40 +37,12 @@ class Algorithm(Section):
     ufm_cohorts: str = setting("groups", "what the method's UFM compares (conf/train.yaml: ufm.cohorts reads it)",
                                choices=("groups", "cluster", "slices", "proxy"))
     beta: float = setting(2.0, "UFM-softmax temperature (conf/aggregation/ufm_softmax.yaml reads it)", ge=0)
-    lambda_priv: float = setting(0.1, "weight of the reversed adversary gradient into the encoder", ge=0)
-    lambda_fair: float = setting(0.01, "weight of the evidential uncertainty regulariser", ge=0)
-    lambda_curv: float = setting(0.0, "weight of the Fisher curvature term", ge=0)
-    grl_scale: float = setting(1.0, "gradient-reversal scale", ge=0)
-    lambda_task: float = setting(1.0, "weight of the task loss (CurvFed: 1 - a)", ge=0)
-    w_fair: float = setting(0.0, "weight of the feature-mean gap L_fair (puffle_resfl, PFU-FL, PrivFairFL-Pre)", ge=0)
     lambda_parity: float = setting(0.0, "PUFFLE's lambda: (1 - lambda) L_task + lambda x the demographic-parity gap "
                                    "of the predictions (0: off; the paper tunes it in [0.05, 0.9], docs/method.md "
                                    "§5a)", ge=0, lt=1)
     local_reweighting: bool = setting(False, "classification: weight each client's task loss by Kamiran-Calders "
                                       "P(a)P(y)/P(a,y) from its training split (FairFed's optional local "
                                       "debiasing, docs/method.md §5a)")
-    # phi's strength (conf/adversary/ presets; docs/method.md §2 gives each key's reason)
-    adversary_hidden: int = setting(128, "hidden width of the adversary phi", ge=1)
-    adversary_depth: int = setting(1, "hidden layers of phi (1: the paper's two-layer MLP; 0: a linear probe)", ge=0)
-    adversary_lr: float = setting(1e-3, "the adversary's own learning rate", gt=0)
-    adversary_optimizer: str = setting("adam", "the adversary's optimiser", choices=("adam", "sgd"))
-    adversary_steps: int = setting(1, "adversary updates per encoder step", ge=1)
-    adversary_warmup_rounds: int = setting(0, "first rounds in which phi trains but reverses no gradient into the "
-                                           "encoder", ge=0)
-    adversary_schedule: str = setting("constant", "GRL coefficient over training: constant, or dann's "
-                                      "2/(1+exp(-gamma p)) - 1 of the progress p", choices=GRL_SCHEDULES)
-    adversary_dann_gamma: float = setting(10.0, "gamma of the dann GRL schedule", gt=0)
-    adversary_reinit: bool = setting(False, "a fresh phi every client-round instead of the client's kept one")
-    adversary_roi_bins: int = setting(7, "detection: roi_align bins per side before phi's box mean (7: the exact "
-                                      "pooling; 1 with roi_samples k: one bin of k x k samples, cheaper)", ge=1)
-    adversary_roi_samples: int = setting(-1, "detection: roi_align samples per bin side (-1: adaptive, ceil(box / "
-                                         "bins) per box)", ge=-1)
-    adversary_roi_impl: str = setting("roi_align", "detection: the box mean through torchvision's roi_align "
-                                      "(bitwise as before) or separable (the same value as two weight vectors and "
-                                      "matrix products, ~10x cheaper with its backward)", choices=ROI_IMPLS)
-    anneal_rounds: int = setting(10, "KL annealing min(1, t / anneal_rounds), t in rounds", ge=1)
-    curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
-    curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
     curv_eps: float = setting(0.005, "CurvFed aggregation's epsilon (conf/aggregation/curvfed.yaml reads it)", gt=0)
     report_fim: bool = setting(False, "clients report their top Fisher eigenvalue (CurvFed aggregation needs it)")
     fim_iters: int = setting(20, "power iterations of the reported Fisher eigenvalue", ge=1)
@@ -80,25 +55,13 @@ class Algorithm(Section):
     swa_bn_update: bool = setting(True, "recompute the SWA model's BatchNorm statistics from one no-grad pass per "
                                   "aggregated client (averaged statistics belong to no model; docs/method.md §5a)")
 
-    def loss_weights(self):
-        from resfl_lightning.clients.base import LossWeights
+    def loss_weights(self) -> LossWeights:
+        return LossWeights(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LossWeights)})
 
-        return LossWeights(lambda_priv=self.lambda_priv, lambda_fair=self.lambda_fair, lambda_curv=self.lambda_curv,
-                           grl_scale=self.grl_scale, anneal_rounds=self.anneal_rounds, curv_iters=self.curv_iters,
-                           curv_params=self.curv_params, lambda_task=self.lambda_task, w_fair=self.w_fair,
-                           lambda_parity=self.lambda_parity)
-
-    def adversary(self, rounds: int | None = None):
+    def adversary(self, rounds: int | None = None) -> AdversarySettings:
         """phi's settings; `rounds` (federation.rounds) is the horizon of the dann schedule's progress."""
-        from resfl_lightning.clients.base import AdversarySettings
-
-        return AdversarySettings(lr=self.adversary_lr, optimizer=self.adversary_optimizer,
-                                 steps=self.adversary_steps, hidden=self.adversary_hidden, depth=self.adversary_depth,
-                                 warmup_rounds=self.adversary_warmup_rounds, schedule=self.adversary_schedule,
-                                 dann_gamma=self.adversary_dann_gamma, reinit=self.adversary_reinit,
-                                 roi_bins=self.adversary_roi_bins, roi_samples=self.adversary_roi_samples,
-                                 roi_impl=self.adversary_roi_impl,
-                                 rounds=rounds)
+        keys = [f.name for f in dataclasses.fields(AdversarySettings) if f.name not in NOT_CONFIG_KEYS]
+        return AdversarySettings(**{k: getattr(self, ADVERSARY_PREFIX + k) for k in keys}, rounds=rounds)
 
     def swa_start_round(self, rounds: int) -> int | None:
         """swa_start as a 0-based round index: ceil(fraction x rounds) for a fraction in (0, 1) (FedSWA's
@@ -108,8 +71,24 @@ class Algorithm(Section):
         return self.swa_start
 
     def attach(self, client: Any, run: Any) -> Any:
-        """The client with what this method adds (nothing here); `run` is the validated run config."""
+        """The client with this method's plug-ins, added before any gradient exists; `run` is the validated run
+        config. A method that changes the client itself (DP-SGD's GroupNorm model) does so before calling this."""
+        for plugin in self.client_plugins(client, run):
+            client.add_plugin(plugin)
         return client
+
+    def client_plugins(self, client: Any, run: Any) -> list:
+        """The ClientPlugins (clients/plugin.py) a freshly built client gets, in hook order: here PUFFLE's parity
+        term at a fixed lambda when lambda_parity > 0 (puffle.py adds its tunable lambda and fallback)."""
+        if self.lambda_parity <= 0:
+            return []
+        from resfl_lightning.clients.parity_term import ParityTerm
+
+        return [ParityTerm(self.lambda_parity)]
+
+    def server_plugins(self) -> list:
+        """The ServerPlugins (clients/plugin.py) the orchestrator calls at each round's end (none here)."""
+        return []
 
     def server_callbacks(self, evaluation: Any) -> list:
         """Callbacks this method adds to the run (none here); `evaluation` is the run's GlobalEvaluation."""

@@ -19,16 +19,25 @@ class DPSGD(Algorithm):
     dp: DPConfig = setting(doc="per-example DP-SGD: clip, noise, accountant")
 
     def attach(self, client: Any, run: Any) -> Any:
-        """A GroupNorm model (privacy/groupnorm.py's rule), opacus hooks and the accountant, set before any gradient
-        exists so every client and the global model share one layout. `dp.enabled=false`: the GroupNorm model alone,
-        trained as FedAvg trains (the layout's ablation)."""
-        from resfl_lightning.privacy.dp import ClientDP, prepare_model
+        """A GroupNorm model (privacy/groupnorm.py's rule), set before any gradient exists so every client and the
+        global model share one layout, then the plug-ins (DP-SGD's hooks and accountant on that model)."""
+        from resfl_lightning.privacy.dp import prepare_model
 
-        settings = DPSettings(**{f.name: getattr(self.dp, f.name) for f in dataclasses.fields(self.dp)},
-                              rounds=run.federation.rounds, local_epochs=run.federation.local_epochs)
         client.model = prepare_model(client.model, self.dp.groupnorm_groups)
         if hasattr(client, "criterion"):  # the detection loss reads the (new) model's head geometry
             client.criterion = type(client.criterion)(client.model)
-        if self.dp.enabled:
-            client.dp = ClientDP(settings, client.model)
-        return client
+        return super().attach(client, run)
+
+    def client_plugins(self, client: Any, run: Any) -> list:
+        return [*self.dp_plugins(client, run), *super().client_plugins(client, run)]
+
+    def dp_plugins(self, client: Any, run: Any) -> list:
+        """DP-SGD's ClientDP on the client's (GroupNorm) model. `dp.enabled=false`: none, the GroupNorm model
+        trained as FedAvg trains (the layout's ablation)."""
+        if not self.dp.enabled:
+            return []
+        from resfl_lightning.privacy.dp import ClientDP
+
+        settings = DPSettings(**{f.name: getattr(self.dp, f.name) for f in dataclasses.fields(self.dp)},
+                              rounds=run.federation.rounds, local_epochs=run.federation.local_epochs)
+        return [ClientDP(settings, client.model)]

@@ -15,22 +15,20 @@ from resfl_lightning.config.fields import setting
 class PrivFairFLPre(Algorithm):
     logit_privacy: LogitPrivacySettings = setting(doc="clip, noise and calibration of the logit layer's update")
 
-    def attach(self, client: Any, run: Any) -> Any:
+    def client_plugins(self, client: Any, run: Any) -> list:
         from resfl_lightning.baselines.privfairfl import PerturbCalibrate
 
-        client.upload_transform = PerturbCalibrate(self.logit_privacy)
-        return client
+        return [*super().client_plugins(client, run), PerturbCalibrate(self.logit_privacy)]
 
 
 @dataclass(kw_only=True)
 class PrivFairFLPost(Algorithm):
     post_calibration: PostCalibrationSettings = setting(doc="the grids the clients count on, the server's smoothing")
 
-    def attach(self, client: Any, run: Any) -> Any:
+    def client_plugins(self, client: Any, run: Any) -> list:
         from resfl_lightning.baselines.privfairfl import CalibrationStatistics
 
-        client.report_statistics = CalibrationStatistics(self.post_calibration)
-        return client
+        return [*super().client_plugins(client, run), CalibrationStatistics(self.post_calibration)]
 
     def server_callbacks(self, evaluation: Any) -> list:
         """Calibration before the scores read the test metrics."""

@@ -2,7 +2,8 @@
 gap, with lambda fixed (`algorithm.lambda_parity`) or tunable (clients/parity_lambda.py: steered towards a target
 gap, its noisy updates paid from epsilon_lambda of `algorithm.dp.epsilon_split`). An absent group's term falls back
 on the server's global P(k|z) (clients/parity_rates.py) under DP exactly when the split gives epsilon_stat a share
-(the shared counts' budget), without DP when `algorithm.parity_global_fallback` is true (exact counts)."""
+(the shared counts' budget), without DP when `algorithm.parity_global_fallback` is true (exact counts). The client's
+part is the plug-in of clients/parity_term.py."""
 
 from __future__ import annotations
 
@@ -36,16 +37,23 @@ class Puffle(DPSGD):
             return split is not None and split[1] > 0
         return self.parity_global_fallback
 
-    def attach(self, client: Any, run: Any) -> Any:
-        """DP-SGD's layout and hooks, then the missing-group fallback and the tunable lambda's client-local state."""
+    def client_plugins(self, client: Any, run: Any) -> list:
+        """DP-SGD's plug-in, then the parity term with the tunable lambda and the missing-group fallback (their noise
+        paid on DP-SGD's accountant) in place of the base class's fixed-lambda term."""
         from resfl_lightning.clients.parity_lambda import LambdaSettings, TunableLambda
         from resfl_lightning.clients.parity_rates import GlobalParity
+        from resfl_lightning.clients.parity_term import ParityTerm
 
-        client = super().attach(client, run)
-        if self.global_fallback:
-            client.parity_fallback = GlobalParity(client.num_groups)
+        dp = self.dp_plugins(client, run)
+        fallback = GlobalParity(client.num_groups) if self.global_fallback else None
+        tunable = None
         if self.lambda_mode == "tunable":
-            client.parity_lambda = TunableLambda(LambdaSettings(
-                target=self.parity_target, momentum=self.parity_momentum, alpha=self.parity_alpha,
-                alpha_decay=self.parity_alpha_decay))
-        return client
+            tunable = TunableLambda(LambdaSettings(target=self.parity_target, momentum=self.parity_momentum,
+                                                   alpha=self.parity_alpha, alpha_decay=self.parity_alpha_decay))
+        return [*dp, ParityTerm(self.lambda_parity, tunable, fallback, dp=dp[0] if dp else None)]
+
+    def server_plugins(self) -> list:
+        """The server sums the clients' counts for the fallback."""
+        from resfl_lightning.clients.parity_rates import PooledCounts
+
+        return [PooledCounts()] if self.global_fallback else []

@@ -5,7 +5,7 @@ logits) is clipped to an l2 bound and Gaussian noise is added (the Gaussian mech
 shapes the logits); then a temperature T fitted on the client's validation split is folded into that layer (z -> z/T),
 so the noisy logits are re-calibrated before the update is taken. Local training adds L_fair.
 
-Post (server side): training is unchanged (FedAvg). Each client reports, in ClientReport.calibration, aggregate
+Post (server side): training is unchanged (FedAvg). Each client reports, in ClientReport.extras, aggregate
 counts from its validation split: the summed binary NLL of its scores at each temperature of a fixed grid, and per
 group the number of positives (tabular: y = 1 rows; detection: ground-truth persons) whose score reaches each
 threshold of a fixed grid. No score, label or group of an individual sample leaves the client. From the sums the
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resfl_lightning.clients.plugin import ClientPlugin
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.losses.evidential import dirichlet_alpha, dirichlet_nll
@@ -39,6 +40,7 @@ from resfl_lightning.metrics.fairness import (
 )
 
 EPS = 1e-6
+CALIBRATION_KEY = "calibration"  # ClientReport.extras: a client's PrivFairFL-Post counts and sums
 
 
 def _grid(low: float, high: float, num: int) -> tuple[float, ...]:
@@ -90,8 +92,8 @@ def fit_temperature(client, loader, temperatures: tuple[float, ...]) -> float:
     return float(temperatures[int(torch.argmin(totals))])
 
 
-class PerturbCalibrate:
-    """PrivFairFL-Pre's pre-upload step on the live client module (see the module docstring)."""
+class PerturbCalibrate(ClientPlugin):
+    """PrivFairFL-Pre's pre-upload step on the live client module (see the module docstring), a client plug-in."""
 
     def __init__(self, settings: LogitPrivacySettings):
         self.settings = settings
@@ -101,14 +103,14 @@ class PerturbCalibrate:
     def _params(self, client) -> list[torch.Tensor]:
         return [p for layer in logit_layers(client) for p in layer.parameters()]
 
-    def begin(self, client) -> None:
+    def begin_round(self, client) -> None:
         """The round's starting logit layer (theta_G's), against which the update is clipped."""
         self._start = [p.detach().clone() for p in self._params(client)]
 
     @torch.no_grad()
-    def apply(self, client, val_loader) -> None:
+    def before_upload(self, client, val_loader) -> None:
         if self._start is None:
-            raise RuntimeError(f"client {client.client_id}: PerturbCalibrate.apply before begin")
+            raise RuntimeError(f"client {client.client_id}: PerturbCalibrate.before_upload before begin_round")
         s = self.settings
         params = self._params(client)
         deltas = [p - p0 for p, p0 in zip(params, self._start)]
@@ -177,13 +179,16 @@ def _tabular_samples(client, loader):
     return p, y, pred.groups[positive].long(), p[positive]
 
 
-class CalibrationStatistics:
-    """Client side of PrivFairFL-Post: the aggregate counts a client reports (ClientReport.calibration)."""
+class CalibrationStatistics(ClientPlugin):
+    """Client side of PrivFairFL-Post, a client plug-in: the aggregate counts a client reports (CALIBRATION_KEY)."""
 
     def __init__(self, settings: PostCalibrationSettings):
         self.settings = settings
 
-    def __call__(self, client, val_loader) -> dict[str, float]:
+    def report(self, client, val_loader) -> dict[str, dict[str, float]]:
+        return {CALIBRATION_KEY: self.statistics(client, val_loader)}
+
+    def statistics(self, client, val_loader) -> dict[str, float]:
         s = self.settings
         sampler = _detection_samples if hasattr(client, "criterion") else _tabular_samples
         scores, labels, pos_groups, pos_scores = sampler(client, val_loader)
@@ -219,9 +224,9 @@ def fit_post_calibration(reports, settings: PostCalibrationSettings, num_groups:
     move it (it is rank-preserving, and the comparison isolates the per-group thresholds), so the calibrated rule's
     default threshold is calibrate(tau, T) and the target TPR is the pooled TPR at raw tau. (For a binary classifier
     at tau = 0.5, calibrate(0.5, T) = 0.5 for every T.)"""
-    stats = [r.calibration for r in reports]
+    stats = [r.extras.get(CALIBRATION_KEY) for r in reports]
     if not stats or any(not st for st in stats):
-        missing = [r.client_id for r in reports if not r.calibration]
+        missing = [r.client_id for r in reports if not r.extras.get(CALIBRATION_KEY)]
         raise ValueError(f"post calibration: clients {missing} reported no calibration statistics")
     n = sum(st["n"] for st in stats)
     temps = settings.temperatures

@@ -30,8 +30,9 @@ def _client(dp: bool, clipping: str = "bookkeeping") -> TabularClient:
                            UfmSettings(gate=None), OptimSettings(lr=0.01))
     client.model = prepare_model(client.model)
     if dp:
-        client.dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0, clipping=clipping), client.model)
-        client.dp.q = 0.04  # the accountant's sample rate (its bookkeeping only)
+        client_dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0, clipping=clipping), client.model)
+        client_dp.q = 0.04  # the accountant's sample rate (its bookkeeping only)
+        client.add_plugin(client_dp)
     client.train()
     return client
 

@@ -126,8 +126,9 @@ def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str 
     client.model = prepare_model(client.model)
     client.criterion = type(client.criterion)(client.model)
     if dp is not None:
-        client.dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0), client.model)
-        client.dp.q = 0.1  # the accountant's sample rate (its bookkeeping only)
+        client_dp = ClientDP(DPSettings(target_epsilon=None, noise_multiplier=1.0), client.model)
+        client_dp.q = 0.1  # the accountant's sample rate (its bookkeeping only)
+        client.add_plugin(client_dp)
     client.train()
     opt = client.configure_optimizers()
     if dp is not None:

@@ -3,76 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import lightning as L
 import numpy as np
 import torch
 
-from resfl_lightning.clients.parity_rates import SENSITIVITY
+from resfl_lightning.clients.plugin import ClientPlugin
+from resfl_lightning.clients.settings import AdversarySettings, LossWeights
 from resfl_lightning.config.sections import OptimSettings, UfmSettings
 from resfl_lightning.losses.adversary import adversarial_loss
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_top_eigenpair
 from resfl_lightning.losses.evidential import annealing_coefficient, group_balanced_mean
-from resfl_lightning.losses.grl import GRL_SCHEDULES, dann_coefficient
-from resfl_lightning.losses.parity import parity_gap
-from resfl_lightning.losses.roi_mean import ROI_IMPLS
+from resfl_lightning.losses.grl import dann_coefficient
 from resfl_lightning.metrics.ufm import reported_ufm, ufm_bootstrap_se
-
-
-@dataclass
-class LossWeights:
-    """L_local = lambda_task L_task + lambda_priv L_adv + lambda_fair L_unc + lambda_curv L_curv + w_fair L_fair
-    (docs/method.md); built by the algorithm (resfl_lightning/algorithms/base.py), whose schema checks the values."""
-
-    lambda_priv: float = 0.1
-    lambda_fair: float = 0.01
-    lambda_curv: float = 0.0
-    grl_scale: float = 1.0
-    anneal_rounds: int = 10  # KL annealing min(1, t / t_anneal) with t counted in rounds
-    curv_iters: int = 3  # power iterations per step (warm-started)
-    curv_params: str = "head"  # "head" or "all"
-
-    lambda_task: float = 1.0  # CurvFed writes its loss as (1 - a) L_task + a L_curv: lambda_task = 1 - a
-    w_fair: float = 0.0  # puffle_resfl / PFU-FL / PrivFairFL-Pre: weight of L_fair (losses/fairness.py)
-    lambda_parity: float = 0.0  # PUFFLE: (1 - lambda) task + lambda x parity gap of the predictions (losses/parity.py)
-
-
-@dataclass
-class AdversarySettings:
-    """phi's strength (docs/method.md §2): its own optimiser (RESFL Algorithm 1, line 8; lambda_priv scales only the
-    reversed gradient into theta), capacity, warm-up, GRL schedule and whether it is kept across rounds. Built by
-    the algorithm from algorithm.adversary_* (checked there); the defaults are the paper-minimal reading."""
-
-    lr: float = 1e-3
-    optimizer: str = "adam"  # adam | sgd
-    steps: int = 1  # adversary updates per encoder step (extra ones reuse the step's detached features)
-    hidden: int = 128
-    depth: int = 1  # hidden layers of phi (0: a linear probe)
-    warmup_rounds: int = 0  # first rounds in which phi trains but the reversed gradient into theta is 0
-    schedule: str = "constant"  # GRL coefficient over training: constant | dann (Ganin et al. 2016)
-    dann_gamma: float = 10.0
-    reinit: bool = False  # a fresh phi every client-round instead of the client's kept one
-    roi_bins: int = 7  # detection: roi_align output size before the box mean (losses/adversary.py)
-    roi_samples: int = -1  # detection: roi_align sampling ratio (-1: adaptive per box)
-    roi_impl: str = "roi_align"  # detection: how the box mean is computed (losses/adversary.py ROI_IMPLS)
-    rounds: int | None = None  # the run's horizon T: the dann schedule's progress is counted over it
-
-    def __post_init__(self) -> None:
-        if self.schedule not in GRL_SCHEDULES:
-            raise ValueError(f"adversary schedule must be one of {GRL_SCHEDULES}, got {self.schedule!r}")
-        if self.roi_bins < 1 or self.roi_samples == 0 or self.roi_samples < -1:
-            raise ValueError(f"adversary ROI pooling: bins >= 1 and samples -1 or >= 1, got {self.roi_bins}, "
-                             f"{self.roi_samples}")
-        if self.roi_impl not in ROI_IMPLS:
-            raise ValueError(f"adversary ROI pooling: impl must be one of {ROI_IMPLS}, got {self.roi_impl!r}")
-        if self.schedule == "dann" and (self.rounds is None or self.rounds < 1):
-            raise ValueError(f"the dann GRL schedule needs the run's number of rounds (>= 1), got {self.rounds}")
-
-    def build(self, params) -> torch.optim.Optimizer:
-        if self.optimizer == "adam":
-            return torch.optim.Adam(params, lr=self.lr)
-        return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
 
 
 def first_failure(first: torch.Tensor | None, failed: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -110,7 +55,10 @@ class FederatedClient(L.LightningModule):
 
     Parameters under LOCAL_PREFIXES (the adversary phi) are client-local: they are not part of theta, never leave
     the client, and travel between rounds through `export_local_state` / `import_local_state` (the rank's
-    ClientStateStore), as do the curvature power-iteration vector and the UFM EMA.
+    ClientStateStore), as do the curvature power-iteration vector, the UFM EMA and the plug-ins' state.
+
+    `plugins` are the method's ClientPlugins (clients/plugin.py), attached by its Algorithm class; every hook is
+    called in their order.
     """
 
     LOCAL_PREFIXES: tuple[str, ...] = ("adversary.",)
@@ -131,13 +79,20 @@ class FederatedClient(L.LightningModule):
         self._local_seed: int | None = None  # the seed import_local_state drew a first phi from (reinit derives)
         self._epoch_position: tuple[int, int, int | None] = (0, 1, None)  # (epoch, epochs, batches): begin_epoch
         self.curvature = FisherCurvature(iters=weights.curv_iters)
-        # Algorithm plug-ins (resfl_lightning/algorithms/): DP-SGD, a pre-upload transform, report statistics.
-        self.dp = None
-        self.upload_transform = None
-        self.report_statistics = None
-        self.parity_lambda = None  # PUFFLE's tunable lambda (clients/parity_lambda.py); None: fixed lambda_parity
-        self._step_gap: torch.Tensor | None = None  # the step's parity gap, for the tunable lambda's update
-        self.parity_fallback = None  # PUFFLE's global P(k|z) for absent groups (clients/parity_rates.py); None: off
+        self.plugins: list[ClientPlugin] = []
+
+    def add_plugin(self, plugin: ClientPlugin) -> None:
+        """Attach a method's plug-in (before any gradient exists: its hooks may wrap the model's optimiser)."""
+        self.plugins.append(plugin)
+
+    def plugin_of(self, cls: type) -> ClientPlugin | None:
+        """The attached plug-in of class `cls` (None: none)."""
+        return next((p for p in self.plugins if isinstance(p, cls)), None)
+
+    @property
+    def per_example_loss(self) -> bool:
+        """A plug-in needs the step's loss as a mean of per-example losses (DP-SGD's per-example clipping)."""
+        return any(p.per_example_loss for p in self.plugins)
 
     @property
     def reversal_scale(self) -> float:
@@ -225,10 +180,8 @@ class FederatedClient(L.LightningModule):
         if self.curvature.v is not None:
             state.update({f"curvature.v.{i}": v for i, v in enumerate(self.curvature.v)})
         state["ufm.ema"] = torch.tensor(self._ufm_ema, dtype=torch.float64)
-        if self.dp is not None:
-            state.update(self.dp.export_state())  # the accountant's history: resume continues the accounting
-        if self.parity_lambda is not None:
-            state.update(self.parity_lambda.export_state())
+        for plugin in self.plugins:  # e.g. DP-SGD's accountant history: a resumed run continues the accounting
+            state.update(plugin.export_state())
         return state
 
     @torch.no_grad()
@@ -236,10 +189,8 @@ class FederatedClient(L.LightningModule):
         """Load a client's own state, or give a client seen for the first time a fresh one drawn from `seed`."""
         self.curvature.reset()
         self.curvature.reseed(seed)
-        if self.dp is not None:
-            self.dp.import_state(state)
-        if self.parity_lambda is not None:
-            self.parity_lambda.import_state(state)
+        for plugin in self.plugins:
+            plugin.import_state(state)
         self._local_seed = seed
         if state is None:
             self._reset_local_modules(seed)
@@ -274,115 +225,80 @@ class FederatedClient(L.LightningModule):
             self._reset_local_modules(int(seed))
         self._loss_sums, self._loss_count = {}, 0
         self._batch_checks = {}
-        if self.upload_transform is not None:
-            self.upload_transform.begin(self)
+        for plugin in self.plugins:
+            plugin.begin_round(self)
 
-    # --- PUFFLE's tunable lambda and missing-group fallback (clients/parity_lambda.py, parity_rates.py) --
-    @property
-    def uses_parity(self) -> bool:
-        """The step computes PUFFLE's gap: a fixed lambda > 0, or the tunable lambda (its update needs the gap)."""
-        return self.weights.lambda_parity > 0 or self.parity_lambda is not None
-
-    def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-unit parity mass, unit groups) of one batch (losses/parity.py), for the training split's gap."""
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def dataset_parity_mass(self, loader) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(mass, groups) of this (received) model over every unit of a loader, in eval mode; None: no unit."""
-        was_training = self.training
-        self.eval()
-        masses, groups = [], []
-        for batch in loader:
-            mass, g = self.parity_mass(self.place(batch))
-            masses.append(mass.float())
-            groups.append(g.reshape(-1))
-        self.train(was_training)
-        return (torch.cat(masses), torch.cat(groups)) if masses else None
-
-    def dataset_parity_gap(self, loader) -> float:
-        """PUFFLE's D_train: the gap of this (received) model over every unit of a loader, in eval mode."""
-        return _units_gap(self.dataset_parity_mass(loader))
-
-    def _round_seed(self, stream: int) -> int:
+    # --- the plug-ins' hooks (clients/plugin.py) ------------------------------------------------------------------
+    def round_seed(self, stream: int) -> int:
         """A seed of (the client's first seed, round, stream) alone: 1 process and N processes draw the same."""
         return int(np.random.SeedSequence([max(self._local_seed or 0, 0), self.round_idx + 1, stream])
                    .generate_state(1)[0])
 
-    @property
-    def global_parity_rates(self) -> torch.Tensor | None:
-        """The server's P(k|z) the parity gap falls back on for an absent group (None: no fallback)."""
-        return None if self.parity_fallback is None else self.parity_fallback.rates
+    def receive(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """What the server sent with theta_G this round (ServerState.extra)."""
+        for plugin in self.plugins:
+            plugin.receive(self, sent)
 
-    def receive_parity_counts(self, pooled: torch.Tensor | None) -> None:
-        """The server's pooled (k, z) counts of the last round (ServerState.extra), when the fallback is on."""
-        if self.parity_fallback is not None:
-            self.parity_fallback.receive(pooled)
+    def start_local_training(self, loader_for_epoch: Callable[[int], Iterable]) -> None:
+        """Before the round's first step (loader_for_epoch(e): the training loader of local epoch e)."""
+        for plugin in self.plugins:
+            plugin.start_training(self, loader_for_epoch)
 
-    def shared_parity_counts(self) -> list[list[float]]:
-        """The (noisy) (k, z) counts this client released this round ([] when the fallback is off)."""
-        return [] if self.parity_fallback is None else self.parity_fallback.report()
+    def epoch_batches(self, batches: Iterable) -> Iterable:
+        """One local epoch's batches as the plug-ins draw them (DP-SGD: Poisson batches of the same dataset)."""
+        for plugin in self.plugins:
+            batches = plugin.loader(batches)
+        return batches
 
-    def _release_parity_counts(self, units: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """The round's counts over the training split, noised for epsilon_stat under DP (exact without DP); the
-        noise is drawn from (the client's first seed, round) alone."""
-        std = None if self.dp is None else self.dp.stat_sigma * SENSITIVITY
-        self.parity_fallback.release(*(units or (None, None)), std=std, seed=self._round_seed(6))
-        if self.dp is not None and units is not None:
-            self.dp.account_stat()
+    def step_without_loss(self, batch, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The gradient norm of a step a plug-in took itself on this batch (DP-SGD: noise alone on an empty Poisson
+        draw); None: the loop takes the loss's step."""
+        for plugin in self.plugins:
+            norm = plugin.step_without_loss(batch, optimizer)
+            if norm is not None:
+                return norm
+        return None
 
-    def start_local_training(self, loader_for_epoch) -> None:
-        """Before the round's first step, from one pass of the received model over the training split: PUFFLE's
-        shared counts (when the fallback is on) and the tunable lambda's round-start value from D_train (0 in the
-        client's first round) and its noise generator, drawn from (the client's first seed, round) alone."""
-        tunable, fallback = self.parity_lambda, self.parity_fallback
-        wants_gap = tunable is not None and not tunable.first_round
-        units = self.dataset_parity_mass(loader_for_epoch(0)) if wants_gap or fallback is not None else None
-        if fallback is not None:
-            self._release_parity_counts(units)
-        if tunable is None:
-            return
-        tunable.begin_round(_units_gap(units) if wants_gap else None, self.round_idx, self._round_seed(5))
-        self._step_gap = None
+    def plugin_terms(self, outputs, batch: dict) -> list[tuple[ClientPlugin, torch.Tensor]]:
+        """The plug-ins' loss terms of this step, from its model outputs. A training step calls it at a fixed point
+        of its forward: the forward's op order fixes the backward's summation order, hence the update's bits."""
+        terms = []
+        for plugin in self.plugins:
+            term = plugin.loss_term(self, outputs, batch)
+            if term is not None:
+                terms.append((plugin, term))
+        return terms
 
     def end_step(self) -> None:
-        """After an optimizer step: the tunable lambda's update from the step's gap, noised for epsilon_lambda."""
-        if self.parity_lambda is None or self._step_gap is None:
-            return
-        sigma = self.dp.lambda_sigma if self.dp is not None else None
-        self.parity_lambda.step(self._step_gap, sigma)
-        if sigma is not None:
-            self.dp.account_lambda()
-        self._step_gap = None
+        """After an optimizer step."""
+        for plugin in self.plugins:
+            plugin.after_step(self)
 
     def before_upload(self, val_loader) -> None:
-        """After local training, before the update is taken (PrivFairFL-Pre perturbs and calibrates here)."""
-        if self.upload_transform is not None:
-            self.upload_transform.apply(self, val_loader)
+        """After local training, before the update is taken."""
+        for plugin in self.plugins:
+            plugin.before_upload(self, val_loader)
 
-    def dp_epsilon(self) -> float:
-        """Epsilon this client has spent so far (DP-SGD); NaN without DP."""
-        return self.dp.epsilon() if self.dp is not None else math.nan
-
-    def dp_statistics(self) -> dict[str, float]:
-        """This client's DP-SGD accounting numbers (z, q, steps, B, C, epsilon target, delta, NSR); {} without DP."""
-        return self.dp.statistics() if self.dp is not None else {}
-
-    def calibration_statistics(self, val_loader) -> dict[str, float]:
-        """Aggregate validation statistics a server-side calibration needs (PrivFairFL-Post); {} otherwise."""
-        return self.report_statistics(self, val_loader) if self.report_statistics is not None else {}
+    def report_extras(self, val_loader) -> dict:
+        """The plug-ins' entries of the round's ClientReport.extras."""
+        extras: dict = {}
+        for plugin in self.plugins:
+            extras.update(plugin.report(self, val_loader))
+        return extras
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if getattr(self, "dp", None) is not None:  # per-sample gradient hooks only while training
-            self.dp.set_training(mode)
+        for plugin in getattr(self, "plugins", ()):  # e.g. DP-SGD's per-sample gradient hooks only while training
+            plugin.set_training(mode)
         return self
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The encoder/detector optimiser over theta only; phi has its own (`local_optimizers`)."""
         opt = torch.optim.SGD(self.shared_parameters(), lr=self.optim.lr, momentum=self.optim.momentum,
                               weight_decay=self.optim.weight_decay, nesterov=False)
-        return self.dp.wrap_optimizer(opt) if self.dp is not None else opt
+        for plugin in self.plugins:
+            opt = plugin.wrap_optimizer(opt)
+        return opt
 
     def local_optimizers(self) -> list[torch.optim.Optimizer]:
         if self.weights.lambda_priv <= 0:
@@ -441,29 +357,25 @@ class FederatedClient(L.LightningModule):
     def compose_loss(self, task: torch.Tensor, adv: torch.Tensor, unc_values: torch.Tensor,
                      unc_groups: torch.Tensor, per_sample: torch.Tensor | None,
                      parts: dict[str, torch.Tensor], fair: torch.Tensor | None = None,
-                     parity: torch.Tensor | None = None) -> torch.Tensor:
+                     terms: list[tuple[ClientPlugin, torch.Tensor]] = ()) -> torch.Tensor:
         """lambda_task task + L_adv (GRL-scaled) + lambda_fair L_unc(group-balanced) + lambda_curv L_curv
-        (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given; PUFFLE's `parity` gap turns
-        the task weight into (1 - lambda_parity) lambda_task and adds lambda_parity x parity).
+        (+ w_fair L_fair when the baseline's feature-mean fairness term `fair` is given); each plug-in term of
+        `plugin_terms` multiplies lambda_task by its task share and adds weight x term (ClientPlugin.weigh_term).
 
         L_adv enters unscaled: phi descends its own CE at its own learning rate, while the GRL hands theta
         -lambda_priv times the gradient, so the objective theta sees is task - lambda_priv CE (docs/method.md §2)."""
         w = self.weights
         unc = group_balanced_mean(unc_values, unc_groups) if unc_values.numel() else task * 0.0
-        lam = w.lambda_parity
-        if parity is not None and self.parity_lambda is not None:  # tunable: this step's lambda; the gap updates it
-            lam = self.parity_lambda.weight(task)
-            self._step_gap = parity.detach()
-        if parity is None:
-            loss = w.lambda_task * task + adv + w.lambda_fair * unc
-        else:
-            loss = (1.0 - lam) * w.lambda_task * task + adv + w.lambda_fair * unc
+        task_weight, weighed = w.lambda_task, []
+        for plugin, term in terms:
+            term_weights = plugin.weigh_term(term, task)
+            task_weight = term_weights.task_share * task_weight
+            weighed.append((term_weights, term))
+        loss = task_weight * task + adv + w.lambda_fair * unc
         record = {**parts, "task": task.detach(), "adv": adv.detach(), "unc": unc.detach()}
-        if parity is not None:
-            loss = loss + lam * parity
-            record["parity"] = parity.detach()
-            if self.parity_lambda is not None:
-                record["lambda_parity"] = lam.detach()
+        for term_weights, term in weighed:
+            loss = loss + term_weights.weight * term
+            record.update(term_weights.logged)
         if fair is not None:
             loss = loss + w.w_fair * fair
             record["fair"] = fair.detach()
@@ -511,7 +423,3 @@ class FederatedClient(L.LightningModule):
         self._ufm_ema = math.nan if rep.ema is None else rep.ema
         return self._ufm_ema, rep.u, gated
 
-
-def _units_gap(units: tuple[torch.Tensor, torch.Tensor] | None) -> float:
-    """The parity gap of (mass, groups) over a whole split; 0 without any unit."""
-    return 0.0 if units is None else float(parity_gap(*units))

@@ -77,7 +77,7 @@ class DetectionClient(FederatedClient):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["img"])
         # Under DP-SGD every image's loss stands alone (per-example sensitivity; losses/per_image.py).
-        res = per_image_detection_loss(self.criterion, out, batch) if self.dp is not None else \
+        res = per_image_detection_loss(self.criterion, out, batch) if self.per_example_loss else \
             self.criterion.compute(out, batch)
         w = self.weights
         has_persons = bool(batch["groups"].numel())
@@ -90,18 +90,19 @@ class DetectionClient(FederatedClient):
         fair = None
         if w.w_fair > 0:  # L_fair on the ROI-pooled person features the adversary uses
             fair = group_mean_distance(h, batch["groups"]) if h is not None else res.task * 0.0
-        parity = self.parity_gap(out, batch) if self.uses_parity else None
+        terms = self.plugin_terms(out, batch)
         unc_values = self.kl_coefficient() * res.fg_unc + res.fg_nig_reg
         fisher = res.per_image_cls[self.correct_images(out, batch)] if w.lambda_curv > 0 else None
         return self.compose_loss(res.task, adv, unc_values, res.fg_groups, fisher, res.parts, fair=fair,
-                                 parity=parity)
+                                 terms=terms)
 
-    def parity_gap(self, out: dict, batch: dict) -> torch.Tensor:
-        """PUFFLE's gap for detection (docs/method.md §5a, our reading): per ground-truth person the best score of
-        its class among the predictions overlapping it at IoU >= ufm.iou_threshold (0 if none), counted as
-        detected at score >= ufm.score_threshold; the gap over groups of the detected mass."""
+    def parity_gap(self, out: dict, batch: dict, rates: torch.Tensor | None) -> torch.Tensor:
+        """PUFFLE's gap for detection (docs/method.md §5a, our reading; clients/parity_term.py): per ground-truth
+        person the best score of its class among the predictions overlapping it at IoU >= ufm.iou_threshold (0 if
+        none), counted as detected at score >= ufm.score_threshold; the gap over groups of the detected mass, an
+        absent group compared through the server's P(k|z) `rates` when given."""
         return detection_parity_gap(self._person_scores(out, batch), batch["groups"], self.ufm.score_threshold,
-                                    self.global_parity_rates)
+                                    rates)
 
     def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(batch["img"])

@@ -6,15 +6,20 @@ class k (the sum of p_ik over its rows predicted k) and its rows |Z = z|: a (G, 
 to one mass cell and 1 to one count, so the table's L2 sensitivity is sqrt(2); under DP it is released with Gaussian
 noise of std z_stat sqrt(2) (privacy/dp.py stat_noise_for). The server sums the round's tables and clamps negative
 sums at 0 (`pooled_table`); the sum is server state (PARITY_COUNTS_KEY, checkpointed) and reaches every client with
-theta next round, where P(k|z) = mass / count for each group counted at least once (`global_rates`)."""
+theta next round, where P(k|z) = mass / count for each group counted at least once (`global_rates`). The client
+side is clients/parity_term.py's plug-in; `PooledCounts` is the server's."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
+from resfl_lightning.clients.plugin import ServerPlugin
+
 PARITY_COUNTS_KEY = "parity.global_counts"  # ServerState.extra: the last round's pooled (G, K + 1) table
+COUNTS_REPORT_KEY = "parity_counts"  # ClientReport.extras: a client's released table, as nested lists
 SENSITIVITY = math.sqrt(2.0)  # L2 change of a table when one row is added or removed
 
 
@@ -72,3 +77,15 @@ class GlobalParity:
 
     def report(self) -> list[list[float]]:
         return [] if self.table is None else self.table.tolist()
+
+
+class PooledCounts(ServerPlugin):
+    """Server side: next round's global (k, z) counts are the sum of this round's (noisy) client tables; a round
+    without any keeps the last sum."""
+
+    def end_round(self, state, reports):
+        pooled = pooled_table([torch.tensor(r.extras[COUNTS_REPORT_KEY], dtype=torch.float64) for r in reports
+                               if r.extras.get(COUNTS_REPORT_KEY)])
+        if pooled is None:
+            return state
+        return replace(state, extra={**state.extra, PARITY_COUNTS_KEY: pooled})

@@ -126,12 +126,12 @@ class TabularClient(FederatedClient):
         correct = out.alpha.argmax(dim=-1) == y
         parts = {"kl": kl.mean().detach(), "train_acc": correct.float().mean()}
         fair = group_mean_distance(out.features, groups) if self.weights.w_fair > 0 else None
-        parity = prediction_parity_gap(out.logits, groups, self.global_parity_rates) if self.uses_parity else None
+        terms = self.plugin_terms(out, batch)
         # CurvFed's Fisher is over the correctly classified samples; indexing keeps the graph to theta. Only when the
         # curvature term is on: a boolean mask's data-dependent shape is a host synchronisation on a GPU.
         fisher = nll[correct] if self.weights.lambda_curv > 0 else None
         return self.compose_loss(task, adv, self.kl_coefficient() * kl, groups, fisher, parts, fair=fair,
-                                 parity=parity)
+                                 terms=terms)
 
     def _sample_weights(self, index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """The batch rows' reweighing weights; a plain mean of w_i l_i (Σ w = n over the training split keeps the
@@ -229,6 +229,11 @@ class TabularClient(FederatedClient):
 
     def bn_forward(self, batch: dict) -> None:
         self.model(self.place(batch)["x"])
+
+    def parity_gap(self, out, batch: dict, rates: torch.Tensor | None) -> torch.Tensor:
+        """PUFFLE's gap of the step's predictions (clients/parity_term.py); an absent group is compared through the
+        server's P(k|z) `rates` when given."""
+        return prediction_parity_gap(out.logits, batch["groups"], rates)
 
     def parity_mass(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return prediction_mass(self.model(batch["x"]).logits), batch["groups"]

@@ -33,6 +33,17 @@ def setting(default: Any = MISSING, doc: str = "", *, ge: float | None = None, g
     return dataclasses.field(default=default, metadata=meta)
 
 
+def prefixed(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> type:
+    """A dataclass mixin with the fields of dataclass `cls` (but `skip`) named prefix + name, their types, defaults
+    and metadata unchanged: a flat section declares another class's settings as its keys without copying them."""
+    specs = [(prefix + f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                           metadata=f.metadata))
+             for f in dataclasses.fields(cls) if f.name not in skip]
+    mixin = dataclasses.make_dataclass(f"{prefix}{cls.__name__}", specs, kw_only=True)
+    mixin.__module__ = cls.__module__  # the fields' annotations are resolved in cls's module
+    return mixin
+
+
 class Unresolved:
     """A placeholder for an interpolated value: one whose interpolation failed (reported only if nothing else fails,
     so a bad choice that broke an interpolation is named itself), or any interpolated value while the values written

@@ -55,8 +55,9 @@ def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: I
     bad = None  # index of the first batch with a non-finite loss, kept on the device (no per-step host sync)
     for batch_idx, batch in enumerate(batches):
         batch = fabric.to_device(batch)
-        if client.dp is not None and client.dp.is_empty(batch):  # empty Poisson draw: DP-SGD steps on noise alone
-            norms.append(client.dp.noise_only_step(optimizer))
+        own_step = client.step_without_loss(batch, optimizer)  # e.g. DP-SGD's noise-only step on an empty draw
+        if own_step is not None:
+            norms.append(own_step)
             continue
         with fabric.autocast():
             loss = client.training_step(batch, batch_idx)
@@ -80,7 +81,7 @@ def train_epoch(fabric: L.Fabric, client: FederatedClient, optimizer, batches: I
             norms.append(loss.new_tensor(float("nan")))
         for opt in optimizers:
             opt.step()
-        client.end_step()  # PUFFLE's tunable lambda follows the step's gap (a no-op otherwise)
+        client.end_step()
         client.extra_adversary_steps([getattr(o, "optimizer", o) for o in local_optimizers])
     raise_failed_checks(client, bad, name)
     return torch.stack(norms).tolist() if norms else []
@@ -113,7 +114,7 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
     """SGD (or SAM) over `epochs` passes of loader_for_epoch(epoch); returns the number of optimizer steps.
 
     `epoch_end(epoch)` runs after each epoch (CurvFed's per-epoch evaluation and best-epoch selection)."""
-    client.start_local_training(loader_for_epoch)  # PUFFLE's round-start lambda (a no-op otherwise)
+    client.start_local_training(loader_for_epoch)
     client.train()
     optimizer = client.configure_optimizers()
     for group in optimizer.param_groups:
@@ -123,9 +124,7 @@ def local_train(fabric: L.Fabric, client: FederatedClient, loader_for_epoch: Cal
     local_optimizers = [fabric.setup_optimizers(o) for o in client.local_optimizers()]
     steps = 0
     for epoch in range(epochs):
-        batches = loader_for_epoch(epoch)
-        if client.dp is not None:  # DP-SGD: Poisson batches over the same dataset (privacy/dp.py)
-            batches = client.dp.loader(batches)
+        batches = client.epoch_batches(loader_for_epoch(epoch))
         client.begin_epoch(epoch, epochs, len(batches) if hasattr(batches, "__len__") else None)
         steps += len(train_epoch(fabric, client, optimizer, batches, client.optim.grad_clip,
                                  f"{name}, epoch {epoch}", local_optimizers, sam_rho))

@@ -24,7 +24,7 @@ import torch
 from resfl_lightning.aggregation.base import AggregationRule
 from resfl_lightning.aggregation.streaming import StreamingWeightedSum, combine_normalisers
 from resfl_lightning.clients.base import EvalResult, FederatedClient
-from resfl_lightning.clients.parity_rates import PARITY_COUNTS_KEY, pooled_table
+from resfl_lightning.clients.plugin import ServerPlugin
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
 from resfl_lightning.federation.client_state import ClientStateStore
 from resfl_lightning.federation.collectives import PROGRESS, Collectives
@@ -185,6 +185,7 @@ class Federation:
     aggregator: AggregationRule
     settings: FederationSettings
     update_transforms: list[UpdateTransform] = field(default_factory=list)
+    server_plugins: list[ServerPlugin] = field(default_factory=list)  # the method's (algorithm.server_plugins())
     logger_run_id: str = ""
     config: object = None  # the resolved run config (written to the run directory by RunFiles)
 
@@ -230,7 +231,7 @@ class Federation:
         client.import_local_state(self.client_states.get(client_id), seed=client_init_seed(s.seed, client_id))
         gate = state.extra.get(RELATIVE_GATE_KEY)
         client.relative_gate = None if gate is None else float(gate)
-        client.receive_parity_counts(state.extra.get(PARITY_COUNTS_KEY))  # PUFFLE's global P(k|z) (no-op otherwise)
+        client.receive(state.extra)  # what the method's server plug-ins pooled last round
         seed_all(cseed)
         client.begin_client(client_id, round_idx)
         self.faults.before_training(client_id, round_idx)
@@ -242,7 +243,7 @@ class Federation:
                 fabric, client, lambda epoch: self.data.train_loader(client_id, seed=cseed + epoch), s.local_epochs,
                 lr_factor=s.lr_factor(round_idx), name=f"client {client_id}, round {round_idx}", sam_rho=s.sam_rho,
                 epoch_end=best)
-        client.before_upload(val_loader)  # PrivFairFL-Pre: perturb and calibrate the logit layer (no-op otherwise)
+        client.before_upload(val_loader)
         t1 = time.perf_counter()
         times.train += t1 - t0  # counted with the steps, also when the client is dropped after its training
         validated = self.clients_validate(round_idx)  # always with keep_best_epoch
@@ -272,9 +273,7 @@ class Federation:
             u=u, gated=gated, val_utility=result.utility, val_utility50=result.utility50,
             eval_loss=result.eval_loss, fim_eigenvalue=fim, ufm_se=result.ufm_se, val_delta_eop=result.val_delta_eop,
             train_losses=client.mean_losses(),
-            timings={"train": t1 - t0, "validate": t2 - t1},
-            dp_epsilon=client.dp_epsilon(), dp_statistics=client.dp_statistics(),
-            calibration=client.calibration_statistics(val_loader), parity_counts=client.shared_parity_counts(),
+            timings={"train": t1 - t0, "validate": t2 - t1}, extras=client.report_extras(val_loader),
         )
         report, delta = self.faults.after_training(client_id, round_idx, report, delta)
         score = None if self.aggregator.gathers_all else self.aggregator.score(report)
@@ -404,7 +403,8 @@ class Federation:
         if self.swa_bn_mask is not None and s.swa_cycle_end(round_idx):
             state = self._recalibrate_swa_bn(client, layout, state, reports, round_idx)
         state = self._next_relative_gate(state, reports)
-        state = self._next_parity_counts(state, reports)
+        for plugin in self.server_plugins:
+            state = plugin.end_round(state, reports)
         times.aggregate = time.perf_counter() - t0
         weights = self.aggregator.weights(reports)
         layout.load(client, state.model_theta, state.int_buffers)  # callbacks evaluate the new global (or SWA) model
@@ -527,16 +527,6 @@ class Federation:
         if thr is None:
             return state
         return replace(state, extra={**state.extra, RELATIVE_GATE_KEY: torch.tensor(thr, dtype=torch.float64)})
-
-    @staticmethod
-    def _next_parity_counts(state: ServerState, reports: list[ClientReport]) -> ServerState:
-        """PUFFLE's missing-group fallback: next round's global (k, z) counts are the sum of this round's (noisy)
-        client counts (clients/parity_rates.py); a round without any keeps the last sum."""
-        pooled = pooled_table([torch.tensor(r.parity_counts, dtype=torch.float64) for r in reports
-                               if r.parity_counts])
-        if pooled is None:
-            return state
-        return replace(state, extra={**state.extra, PARITY_COUNTS_KEY: pooled})
 
     def _update_swa(self, state: ServerState, round_idx: int) -> ServerState:
         """Fold theta_G into the SWA average at a cycle's end; with BatchNorm recalibration its statistics are not

@@ -26,12 +26,14 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from resfl_lightning.clients.plugin import ClientPlugin
 from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.memo import disk_memo
 from resfl_lightning.privacy import bookkeeping, gaussian, grad_sample_store
 from resfl_lightning.privacy.budget import budget_parts
 from resfl_lightning.privacy.groupnorm import GROUPNORM_RULES, replace_batchnorm
+from resfl_lightning.privacy.report import EPSILON_KEY, STATISTICS_KEY
 from resfl_lightning.privacy.signal import median_noise_to_signal
 
 ACCOUNTANTS = ("prv", "rdp", "gdp")
@@ -243,12 +245,15 @@ class ClientDPOptimizer(DPOptimizer):
                 p.grad /= divisor
 
 
-class ClientDP:
-    """DP-SGD machinery attached to one live client module; the accountant is swapped in per client.
+class ClientDP(ClientPlugin):
+    """DP-SGD machinery attached to one live client module as its plug-in (clients/plugin.py); the accountant is
+    swapped in per client (export_state / import_state).
 
     The GradSampleModule is kept off the module tree (a plain attribute of this object), so the client's
     state-dict keys and flat layout do not change; its hooks live on the model's submodules and run only while the
     client is in train mode (`set_training`)."""
+
+    per_example_loss = True  # per-example clipping: each example's loss must stand alone
 
     def __init__(self, settings: DPSettings, model: nn.Module):
         self.settings = settings
@@ -382,6 +387,14 @@ class ClientDP:
 
     def is_empty(self, batch) -> bool:
         return isinstance(batch, EmptyBatch)
+
+    def step_without_loss(self, batch, optimizer) -> torch.Tensor | None:
+        """An empty Poisson draw steps on noise alone (`noise_only_step`); any other batch takes the loss's step."""
+        return self.noise_only_step(optimizer) if self.is_empty(batch) else None
+
+    def report(self, client, val_loader) -> dict:
+        """The spent epsilon and the accounting numbers (privacy/report.py reduces them over the run)."""
+        return {EPSILON_KEY: self.epsilon(), STATISTICS_KEY: self.statistics()}
 
     def noise_only_step(self, optimizer) -> torch.Tensor:
         """An empty Poisson batch: zero per-sample gradients, so the step is Gaussian noise alone (and is counted).

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from resfl_lightning.baselines.privfairfl import (
+    CALIBRATION_KEY,
     CalibrationStatistics,
     LogitPrivacySettings,
     PerturbCalibrate,
@@ -90,27 +91,28 @@ def test_perturb_calibrate_clips_the_logit_layer_update_and_folds_the_temperatur
     data = toy_data(batch_size=32)
     client = TabularClient(6, 3, LossWeights(), UfmSettings(), OptimSettings(), hidden=(16, 8))
     step = PerturbCalibrate(LogitPrivacySettings(clip=0.1, noise_multiplier=0.0, calibrate=False))
-    step.begin(client)
+    step.begin_round(client)
     start = [p.detach().clone() for p in logit_layers(client)[0].parameters()]
     with torch.no_grad():
         for p in logit_layers(client)[0].parameters():
             p.add_(torch.randn_like(p))  # a local update far larger than the clip bound
-    step.apply(client, data.val_loader(0))
+    step.before_upload(client, data.val_loader(0))
     moved = torch.cat([(p - s).reshape(-1) for p, s in zip(logit_layers(client)[0].parameters(), start)])
     assert float(moved.norm()) == pytest.approx(0.1, rel=1e-5)
     # Calibration: the folded temperature is the grid point of least validation NLL; logits become z / T.
     x = next(iter(data.val_loader(0)))["x"]
     z_before = client.model(x).logits.detach()
     cal = PerturbCalibrate(LogitPrivacySettings(clip=1e6, noise_multiplier=0.0, temperatures=(0.5, 2.0, 8.0)))
-    cal.begin(client)
-    cal.apply(client, data.val_loader(0))
+    cal.begin_round(client)
+    cal.before_upload(client, data.val_loader(0))
     assert cal.last_temperature in (0.5, 2.0, 8.0)
     torch.testing.assert_close(client.model(x).logits.detach(), z_before / cal.last_temperature)
 
 
 def report(client_id: int, calibration: dict[str, float]) -> ClientReport:
     return ClientReport(client_id=client_id, num_samples=10, ufm_raw=0.0, ufm_ema=0.0, u=0.0, gated=False,
-                        val_utility=1.0, val_utility50=1.0, eval_loss=0.0, calibration=calibration)
+                        val_utility=1.0, val_utility50=1.0, eval_loss=0.0,
+                        extras={CALIBRATION_KEY: calibration})
 
 
 def stats(n: float, nll: list[float], curves: dict[int, list[float]]) -> dict[str, float]:
@@ -188,8 +190,8 @@ def test_post_calibration_uses_reports_only_and_narrows_the_tpr_spread():
             opt.step()
     settings = PostCalibrationSettings(smoothing=1.0, min_positives=5)
     stats = CalibrationStatistics(settings)
-    reports = [report(i, stats(client, data.val_loader(i))) for i in range(2)]
-    assert all(set(r.calibration) >= {"n", "nll/0", "pos/0", "pos/0/0"} for r in reports)
+    reports = [report(i, stats.report(client, data.val_loader(i))[CALIBRATION_KEY]) for i in range(2)]
+    assert all(set(r.extras[CALIBRATION_KEY]) >= {"n", "nll/0", "pos/0", "pos/0/0"} for r in reports)
     cal = fit_post_calibration(reports, settings, num_groups=3, tau=0.5)
     pred = client.test_outputs(data.test_loader())
     raw = client.test_metrics_from(pred)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from resfl_lightning.builders import algorithm_of, build_client
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
+from resfl_lightning.clients.parity_term import ParityTerm
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.load import load_config
@@ -19,6 +20,7 @@ from resfl_lightning.losses.evidential import dirichlet_nll
 from resfl_lightning.losses.fairness import group_mean_distance
 from resfl_lightning.losses.parity import prediction_parity_gap
 from resfl_lightning.models.yolo import YoloSpec
+from resfl_lightning.privacy.dp import ClientDP
 from tests.helpers import compose_config, tiny_batch
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, NUM_GROUPS, toy_data
 
@@ -29,22 +31,25 @@ def batch():
     return next(iter(toy_data(batch_size=32).train_loader(0, seed=0)))
 
 
-def tabular(weights: LossWeights) -> TabularClient:
+def tabular(weights: LossWeights, lambda_parity: float = 0.0) -> TabularClient:
+    """A tabular client; lambda_parity > 0 attaches PUFFLE's fixed-lambda parity term (as Algorithm.attach does)."""
     torch.manual_seed(0)
     client = TabularClient(NUM_FEATURES, NUM_GROUPS, weights, UfmSettings(), OptimSettings(), hidden=(16, 8))
+    if lambda_parity > 0:
+        client.add_plugin(ParityTerm(lambda_parity))
     client.begin_client(0, 0)
     return client
 
 
 def test_lambda_zero_is_the_plain_task_loss_and_lambda_mixes_task_and_gap():
     b = batch()
-    plain = tabular(LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_parity=0.0))
+    plain = tabular(LossWeights(lambda_priv=0.0, lambda_fair=0.0))
     loss0 = plain.training_step(b, 0)
     out = plain.model(b["x"])
     task = dirichlet_nll(out.alpha, F.one_hot(b["y"], 2).to(out.alpha.dtype)).mean()  # the task loss on its own
     assert torch.equal(loss0, task)
     lam = 0.3
-    mixed = tabular(LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_parity=lam))
+    mixed = tabular(LossWeights(lambda_priv=0.0, lambda_fair=0.0), lambda_parity=lam)
     loss = mixed.training_step(b, 0)
     gap = prediction_parity_gap(out.logits, b["groups"])
     assert gap.item() > 0
@@ -78,7 +83,7 @@ def test_puffle_preset_is_the_papers_regulariser_with_dp():
     cfg = load_config(compose_config("algorithm=puffle", "dataset=adult", "logger=none"))
     algorithm = algorithm_of(cfg)
     weights = algorithm.loss_weights()
-    assert weights.lambda_parity == 0.5 and weights.w_fair == 0.0 and weights.lambda_priv == 0.0
+    assert algorithm.lambda_parity == 0.5 and weights.w_fair == 0.0 and weights.lambda_priv == 0.0
     assert algorithm.per_sample_clipping and algorithm.dp.target_epsilon == 1.0
 
 
@@ -94,8 +99,10 @@ def test_detection_client_adds_the_person_level_gap():
     for lam in (0.0, 0.5):
         torch.manual_seed(0)
         client = DetectionClient(YoloSpec(num_classes=1, scale="femto", image_size=64), 3,
-                                 LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_parity=lam),
+                                 LossWeights(lambda_priv=0.0, lambda_fair=0.0),
                                  UfmSettings(score_threshold=0.0, iou_threshold=0.0), OptimSettings())
+        if lam > 0:
+            client.add_plugin(ParityTerm(lam))
         client.begin_client(0, 0)
         losses[lam] = client.training_step(b, 0)
         parts[lam] = client.mean_losses()
@@ -113,7 +120,7 @@ def test_puffle_trains_under_dp_on_the_detection_factory():
     """The DP path: opacus' per-sample hooks take the coupled loss's backward (docs/method.md §5a's caveat)."""
     cfg = compose_config("algorithm=puffle", "model.scale=femto", "logger=none", "dataset.image_size=64")
     client = build_client(cfg, SimpleNamespace(num_groups=3, num_classes=1))
-    assert client.dp is not None and client.weights.lambda_parity == 0.5
+    assert client.plugin_of(ClientDP) is not None and client.plugin_of(ParityTerm).lambda_parity == 0.5
     client.begin_client(0, 0)
     loss = client.training_step(tiny_batch(), 0)
     assert torch.isfinite(loss)

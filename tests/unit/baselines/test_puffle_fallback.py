@@ -11,21 +11,23 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from resfl_lightning.builders import build_client
+from resfl_lightning.builders import algorithm_of, build_client
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.parity_rates import (
+    COUNTS_REPORT_KEY,
     PARITY_COUNTS_KEY,
     SENSITIVITY,
     GlobalParity,
+    PooledCounts,
     global_rates,
     group_table,
     pooled_table,
 )
+from resfl_lightning.clients.parity_term import ParityTerm, dataset_parity_mass
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.load import load_config
 from resfl_lightning.federation.checkpoint import ServerState
-from resfl_lightning.federation.orchestrator import Federation
 from resfl_lightning.losses.parity import detection_parity_gap, parity_gap, prediction_mass
 from resfl_lightning.privacy import gaussian
 from resfl_lightning.privacy.dp import ClientDP, DPSettings, stat_noise_for
@@ -91,12 +93,19 @@ def test_one_row_moves_a_table_by_at_most_the_sensitivity():
 
 
 def fallback_client(dp: ClientDP | None = None) -> TabularClient:
+    """PUFFLE's fixed-lambda term with the fallback, its counts noised on `dp` (None: exact)."""
     torch.manual_seed(0)
-    client = TabularClient(NUM_FEATURES, NUM_GROUPS, LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_parity=0.5),
+    client = TabularClient(NUM_FEATURES, NUM_GROUPS, LossWeights(lambda_priv=0.0, lambda_fair=0.0),
                            UfmSettings(), OptimSettings(), hidden=(16, 8))
-    client.parity_fallback = GlobalParity(NUM_GROUPS)
-    client.dp = dp
+    if dp is not None:
+        client.add_plugin(dp)
+    client.add_plugin(ParityTerm(0.5, fallback=GlobalParity(NUM_GROUPS), dp=dp))
     return client
+
+
+def shared_counts(client: TabularClient) -> list[list[float]]:
+    """The (noisy) table the client's parity term released this round ([] without one)."""
+    return client.plugin_of(ParityTerm).report(client, None).get(COUNTS_REPORT_KEY, [])
 
 
 def reports_of(client: TabularClient, data, round_idx: int) -> list[ClientReport]:
@@ -105,11 +114,11 @@ def reports_of(client: TabularClient, data, round_idx: int) -> list[ClientReport
     for cid in range(data.num_clients):
         client.import_local_state(None, seed=100 + cid)
         client.begin_client(cid, round_idx)
-        client.receive_parity_counts(None)
+        client.receive({})
         client.start_local_training(lambda epoch, cid=cid: data.train_loader(cid, seed=epoch))
         out.append(ClientReport(client_id=cid, num_samples=data.num_train(cid), ufm_raw=0.0, ufm_ema=0.0, u=0.0,
                                 gated=False, val_utility=0.0, val_utility50=0.0, eval_loss=0.0,
-                                parity_counts=client.shared_parity_counts()))
+                                extras=client.report_extras(None)))
     return out
 
 
@@ -117,7 +126,7 @@ def test_the_servers_sum_of_exact_counts_is_the_pooled_rate_of_all_clients_rows(
     data = toy_data(batch_size=32)
     client = fallback_client()
     state = ServerState(round_idx=-1, theta=torch.zeros(1), int_buffers={})
-    state = Federation._next_parity_counts(state, reports_of(client, data, 0))
+    state = PooledCounts().end_round(state, reports_of(client, data, 0))
     rates = global_rates(state.extra[PARITY_COUNTS_KEY])
 
     # independently: every client's training rows through the same model, P(k|z) by plain numpy
@@ -136,19 +145,20 @@ def test_the_servers_sum_of_exact_counts_is_the_pooled_rate_of_all_clients_rows(
     np.testing.assert_allclose(rates.numpy(), expected, rtol=1e-6, atol=1e-7)
 
     # next round every client receives it; the step's gap then falls back on it for a group the batch lacks
-    client.receive_parity_counts(state.extra[PARITY_COUNTS_KEY])
-    torch.testing.assert_close(client.global_parity_rates, rates)
+    client.receive(state.extra)
+    torch.testing.assert_close(client.plugin_of(ParityTerm).global_rates, rates)
     batch = next(iter(data.train_loader(0, seed=0)))
     keep = batch["groups"] != 2
     logits = client.model(batch["x"][keep]).logits
     mass = prediction_mass(logits).double()
     hand = max(parity_gap(mass, batch["groups"][keep]).item(), (rates[2] - mass.mean(0)).abs().max().item())
-    assert parity_gap(mass, batch["groups"][keep], client.global_parity_rates).item() == pytest.approx(hand)
+    assert parity_gap(mass, batch["groups"][keep], client.plugin_of(ParityTerm).global_rates).item() == \
+        pytest.approx(hand)
 
 
 def test_a_round_without_counts_keeps_the_last_sum_and_negative_sums_are_clamped():
     state = ServerState(round_idx=0, theta=torch.zeros(1), int_buffers={})
-    assert Federation._next_parity_counts(state, []) is state
+    assert PooledCounts().end_round(state, []) is state
     noisy = [torch.tensor([[3.0, -5.0, 4.0], [-2.0, 1.0, 0.5]]), torch.tensor([[1.0, 2.0, 1.0], [0.5, -0.5, 0.2]])]
     pooled = pooled_table(noisy)
     torch.testing.assert_close(pooled, torch.tensor([[4.0, 0.0, 5.0], [0.0, 0.5, 0.7]]))
@@ -181,8 +191,8 @@ def test_the_counts_noise_is_the_gaussian_mechanism_for_epsilon_stat_over_the_ro
         client.import_local_state(client.export_local_state() if r else None, seed=7)
         client.begin_client(0, r)
         client.start_local_training(lambda epoch: data.train_loader(0, seed=epoch))
-        noisy = torch.tensor(client.shared_parity_counts())
-        draws.append((noisy - group_table(*client.dataset_parity_mass(data.train_loader(0, seed=0)), NUM_GROUPS))
+        noisy = torch.tensor(shared_counts(client))
+        draws.append((noisy - group_table(*dataset_parity_mass(client, data.train_loader(0, seed=0)), NUM_GROUPS))
                      / (z * SENSITIVITY))
     assert dp.stat_history == [(z, 5)]
     assert dp.part_epsilons()["stat"] == pytest.approx(0.2, rel=1e-9)
@@ -196,27 +206,31 @@ def test_the_counts_noise_is_the_gaussian_mechanism_for_epsilon_stat_over_the_ro
 
 def test_the_default_preset_has_no_fallback_and_reports_no_counts():
     data = toy_data(batch_size=32)
-    client = build_client(compose_config("algorithm=puffle", "dataset=adult", "logger=none"), data)
-    assert client.parity_fallback is None and client.global_parity_rates is None
-    assert client.shared_parity_counts() == [] and client.dp.stat_sigma is None
-    client.receive_parity_counts(torch.ones(NUM_GROUPS, 3))  # a no-op without the fallback
-    assert client.global_parity_rates is None
+    cfg = compose_config("algorithm=puffle", "dataset=adult", "logger=none")
+    client = build_client(cfg, data)
+    term = client.plugin_of(ParityTerm)
+    assert term.fallback is None and term.global_rates is None
+    assert shared_counts(client) == [] and client.plugin_of(ClientDP).stat_sigma is None
+    client.receive({PARITY_COUNTS_KEY: torch.ones(NUM_GROUPS, 3)})  # a no-op without the fallback
+    assert term.global_rates is None
+    assert algorithm_of(load_config(cfg)).server_plugins() == []  # the server pools nothing
     state = ServerState(round_idx=0, theta=torch.zeros(1), int_buffers={}, extra={"x": torch.zeros(1)})
     report = ClientReport(client_id=0, num_samples=1, ufm_raw=0.0, ufm_ema=0.0, u=0.0, gated=False, val_utility=0.0,
                           val_utility50=0.0, eval_loss=0.0)
-    assert Federation._next_parity_counts(state, [report]) is state
+    assert PooledCounts().end_round(state, [report]) is state
 
 
 def test_the_split_turns_the_fallback_on_and_without_dp_the_key_does():
     data = toy_data(batch_size=32)
     with_split = build_client(compose_config("algorithm=puffle", "dataset=adult", "logger=none", SPLIT), data)
-    assert isinstance(with_split.parity_fallback, GlobalParity) and with_split.dp.stat_sigma > 0
+    assert isinstance(with_split.plugin_of(ParityTerm).fallback, GlobalParity)
+    assert with_split.plugin_of(ClientDP).stat_sigma > 0
     no_stat = build_client(compose_config("algorithm=puffle", "dataset=adult", "logger=none",
                                           "algorithm.dp.epsilon_split=[0.9,0.0,0.1]"), data)
-    assert no_stat.parity_fallback is None
+    assert no_stat.plugin_of(ParityTerm).fallback is None
     exact = build_client(compose_config("algorithm=puffle", "dataset=adult", "logger=none",
                                         "algorithm.dp.enabled=false", "algorithm.parity_global_fallback=true"), data)
-    assert isinstance(exact.parity_fallback, GlobalParity) and exact.dp is None
+    assert isinstance(exact.plugin_of(ParityTerm).fallback, GlobalParity) and exact.plugin_of(ClientDP) is None
     with pytest.raises(ConfigError, match=r"algorithm\.parity_global_fallback"):
         load_config(compose_config("algorithm=puffle", "logger=none", "algorithm.parity_global_fallback=true"))
 
@@ -227,6 +241,6 @@ def test_exact_counts_without_dp_are_the_table_itself():
     client.import_local_state(None, seed=1)
     client.begin_client(0, 0)
     client.start_local_training(lambda epoch: data.train_loader(0, seed=epoch))
-    exact = group_table(*client.dataset_parity_mass(data.train_loader(0, seed=0)), NUM_GROUPS)
-    assert torch.equal(torch.tensor(client.shared_parity_counts(), dtype=torch.float64), exact)
+    exact = group_table(*dataset_parity_mass(client, data.train_loader(0, seed=0)), NUM_GROUPS)
+    assert torch.equal(torch.tensor(shared_counts(client), dtype=torch.float64), exact)
     assert exact[:, -1].sum().item() == data.num_train(0)

@@ -11,6 +11,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from resfl_lightning.builders import build_client
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.parity_lambda import LambdaSettings, TunableLambda, starting_lambda
+from resfl_lightning.clients.parity_term import ParityTerm, dataset_parity_gap
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.load import load_config
@@ -74,10 +75,15 @@ def test_noise_is_seeded_and_changes_the_update():
 
 def tabular_client(tunable: TunableLambda | None) -> TabularClient:
     torch.manual_seed(0)
-    client = TabularClient(NUM_FEATURES, NUM_GROUPS, LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_parity=0.5),
+    client = TabularClient(NUM_FEATURES, NUM_GROUPS, LossWeights(lambda_priv=0.0, lambda_fair=0.0),
                            UfmSettings(), OptimSettings(), hidden=(16, 8))
-    client.parity_lambda = tunable
+    client.add_plugin(ParityTerm(0.5, tunable))
     return client
+
+
+def tunable_of(client: TabularClient) -> TunableLambda | None:
+    """The client's tunable lambda (None: fixed mode)."""
+    return client.plugin_of(ParityTerm).tunable
 
 
 def test_client_uses_the_current_lambda_and_updates_it_from_the_steps_gap():
@@ -87,36 +93,36 @@ def test_client_uses_the_current_lambda_and_updates_it_from_the_steps_gap():
     client.import_local_state(None, seed=3)
     client.begin_client(0, 0)
     client.start_local_training(lambda epoch: loader)
-    assert client.parity_lambda.lam.item() == 0.0  # the client's first round
+    assert tunable_of(client).lam.item() == 0.0  # the client's first round
     batch = next(iter(loader))
     loss = client.training_step(batch, 0)
     task = client.mean_losses()["task"]
     assert loss.item() == pytest.approx(task, rel=1e-6)  # lambda 0: (1 - 0) task + 0 x gap
     gap = prediction_parity_gap(client.model(batch["x"]).logits, batch["groups"]).item()
     client.end_step()
-    assert client.parity_lambda.velocity.item() == pytest.approx(0.05 - gap, rel=1e-6)
-    assert client.parity_lambda.lam.item() == pytest.approx(min(max(0.0 - (0.05 - gap), 0.0), 1.0), rel=1e-6)
+    assert tunable_of(client).velocity.item() == pytest.approx(0.05 - gap, rel=1e-6)
+    assert tunable_of(client).lam.item() == pytest.approx(min(max(0.0 - (0.05 - gap), 0.0), 1.0), rel=1e-6)
 
     # The next round, as the orchestrator runs it: state out, a fresh module's state in, lambda from D_train
     state = client.export_local_state()
-    other = tabular_client(TunableLambda(client.parity_lambda.settings))
+    other = tabular_client(TunableLambda(tunable_of(client).settings))
     other.import_local_state(state, seed=3)
-    assert other.parity_lambda.velocity.item() == client.parity_lambda.velocity.item()
-    assert other.parity_lambda.lam.item() == client.parity_lambda.lam.item() and other.parity_lambda.rounds == 1
+    assert tunable_of(other).velocity.item() == tunable_of(client).velocity.item()
+    assert tunable_of(other).lam.item() == tunable_of(client).lam.item() and tunable_of(other).rounds == 1
     other.load_state_dict(client.state_dict())
     other.begin_client(0, 2)
     other.start_local_training(lambda epoch: loader)
-    d_train = other.dataset_parity_gap(loader)
+    d_train = dataset_parity_gap(other, loader)
     assert d_train > 0
-    assert other.parity_lambda.lam.item() == pytest.approx(starting_lambda(d_train, 0.05))
-    assert other.parity_lambda.alpha == pytest.approx(0.81)
+    assert tunable_of(other).lam.item() == pytest.approx(starting_lambda(d_train, 0.05))
+    assert tunable_of(other).alpha == pytest.approx(0.81)
 
 
 def test_fixed_mode_has_no_tunable_state_and_keeps_the_whole_epsilon_for_dp_sgd():
     data = toy_data(batch_size=32)
     cfg = compose_config("algorithm=puffle", "dataset=adult", "logger=none")
     client = build_client(cfg, data)
-    assert client.parity_lambda is None and client.dp.settings.epsilon_split is None
+    assert tunable_of(client) is None and client.plugin_of(ClientDP).settings.epsilon_split is None
     assert "parity.lambda" not in client.export_local_state()
     settings = DPSettings(target_epsilon=1.0, target_delta=1e-6, accountant="rdp", rounds=2, local_epochs=1)
     q = 0.05
@@ -129,8 +135,8 @@ def test_tunable_preset_attaches_the_lambda_from_the_config():
     cfg = compose_config("algorithm=puffle", "dataset=adult", "logger=none", "algorithm.lambda_mode=tunable", SPLIT,
                          "algorithm.parity_target=0.07")
     client = build_client(cfg, toy_data(batch_size=32))
-    assert client.parity_lambda.settings == LambdaSettings(target=0.07, momentum=0.5, alpha=1.0, alpha_decay=0.95)
-    assert client.dp.settings.epsilon_split == [0.8, 0.1, 0.1]
+    assert tunable_of(client).settings == LambdaSettings(target=0.07, momentum=0.5, alpha=1.0, alpha_decay=0.95)
+    assert client.plugin_of(ClientDP).settings.epsilon_split == [0.8, 0.1, 0.1]
 
 
 def test_epsilon_split_matches_opacus_accountants_run_independently():

@@ -92,7 +92,7 @@ def test_detection_fisher_samples_are_the_images_whose_persons_are_all_found(mon
     monkeypatch.setattr(client.model, "predict", lambda out, **kw: preds)
     seen = {}
 
-    def compose(task, adv, unc, groups, per_sample, parts, fair=None, parity=None):
+    def compose(task, adv, unc, groups, per_sample, parts, fair=None, terms=()):
         seen["per_sample"] = per_sample
         return task
 

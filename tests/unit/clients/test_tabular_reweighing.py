@@ -17,7 +17,7 @@ from resfl_lightning.privacy import bookkeeping
 from resfl_lightning.privacy.dp import DPSettings, prepare_model
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, make_client, toy_data
-from tests.unit.privacy.test_dp_sgd import dp_tabular_client, per_example_grads
+from tests.unit.privacy.test_dp_sgd import dp_of, dp_tabular_client, per_example_grads
 
 torch.set_num_threads(1)
 
@@ -72,7 +72,7 @@ def test_dp_sgd_per_example_gradients_are_the_weighted_ones():
     data = toy_data(batch_size=16)
     client.row_weights = client_weights(data)
     optimizer = client.configure_optimizers()
-    client.dp.loader(data.train_loader(0, seed=0))
+    dp_of(client).loader(data.train_loader(0, seed=0))
     batch = next(iter(data.train_loader(0, seed=1)))
     grads = per_example_grads(reference, batch["x"], batch["y"])
     client.train()

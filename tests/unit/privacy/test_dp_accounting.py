@@ -16,10 +16,11 @@ from callbacks.reports import ClientReportLogger, dp_run_metrics
 from callbacks.run_files import SUMMARY_PREFIXES
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.privacy.dp import SIGNAL_KEY, ClientDPOptimizer, DPSettings, planned_steps, sample_rate
+from resfl_lightning.privacy.report import EPSILON_KEY, STATISTICS_KEY
 from resfl_lightning.privacy.signal import median_noise_to_signal, noise_to_signal
 from resfl_lightning.types import ClientReport
 from tests.unit.clients.test_tabular_client import toy_data
-from tests.unit.privacy.test_dp_sgd import clipped_step_setup, dp_tabular_client
+from tests.unit.privacy.test_dp_sgd import clipped_step_setup, dp_of, dp_tabular_client
 
 torch.set_num_threads(1)
 
@@ -49,10 +50,10 @@ def test_signal_is_the_norm_of_the_clipped_mean_of_independent_per_example_gradi
     loss.backward()
     optimizer.step()
     b = optimizer.expected_batch_size
-    (signal,) = client.dp.signal_history()
+    (signal,) = dp_of(client).signal_history()
     assert signal == pytest.approx(float(clipped_sum.norm()) / b, rel=1e-4)
     assert signal < clip  # the mean of clipped vectors; a per-sample norm would sit at C
-    stats = client.dp.statistics()
+    stats = dp_of(client).statistics()
     assert stats["nsr"] == pytest.approx(3.0 * clip / float(clipped_sum.norm()), rel=1e-4)  # B cancels
 
 
@@ -73,34 +74,34 @@ def test_measuring_the_signal_leaves_the_trained_model_bitwise_unchanged(monkeyp
     without, plain = _train(False, monkeypatch)
     for a, b in zip(with_measure, without, strict=True):
         assert torch.equal(a, b)
-    steps = planned_steps(client.dp.settings, client.dp.q)
-    assert len(client.dp.signal_history()) == steps > 1
-    assert plain.dp.signal_history() == []
+    steps = planned_steps(dp_of(client).settings, dp_of(client).q)
+    assert len(dp_of(client).signal_history()) == steps > 1
+    assert dp_of(plain).signal_history() == []
 
 
 def test_statistics_and_their_client_state(monkeypatch):
     _, client = _train(True, monkeypatch)
     data = toy_data(batch_size=16)
     q = sample_rate(data.num_train(0), 16)
-    stats = client.dp.statistics()
-    signal = client.dp.signal_history()
-    b = round(q * data.num_train(0))
-    assert stats == {"noise_multiplier": 1.0, "sample_rate": q, "steps": float(planned_steps(client.dp.settings, q)),
+    stats = dp_of(client).statistics()
+    signal = dp_of(client).signal_history()
+    b, steps = round(q * data.num_train(0)), planned_steps(dp_of(client).settings, q)
+    assert stats == {"noise_multiplier": 1.0, "sample_rate": q, "steps": float(steps),
                      "expected_batch_size": float(b), "max_grad_norm": 1.0, "target_epsilon": stats["target_epsilon"],
                      "delta": 1e-6, "nsr": pytest.approx(float(np.median([1.0 / (b * s) for s in signal])))}
     assert math.isnan(stats["target_epsilon"])  # a fixed z has no target
-    state = client.dp.export_state()
+    state = dp_of(client).export_state()
     assert state[SIGNAL_KEY].tolist() == signal
-    other = dp_tabular_client(client.dp.settings)
-    other.dp.import_state(state)  # a resumed client keeps its steps' signal (the run's median stays the run's)
-    assert other.dp.signal_history() == signal and other.dp.statistics() == {}  # no step this round yet
-    other.dp.import_state(None)
-    assert other.dp.signal_history() == []
+    other = dp_tabular_client(dp_of(client).settings)
+    dp_of(other).import_state(state)  # a resumed client keeps its steps' signal (the run's median stays the run's)
+    assert dp_of(other).signal_history() == signal and dp_of(other).statistics() == {}  # no step this round yet
+    dp_of(other).import_state(None)
+    assert dp_of(other).signal_history() == []
 
 
 def _report(cid: int, **dp) -> ClientReport:
     return ClientReport(client_id=cid, num_samples=10, ufm_raw=0.1, ufm_ema=0.1, u=0.1, gated=False, val_utility=0.8,
-                        val_utility50=0.8, eval_loss=0.5, dp_epsilon=0.9, dp_statistics=dp)
+                        val_utility50=0.8, eval_loss=0.5, extras={EPSILON_KEY: 0.9, STATISTICS_KEY: dp})
 
 
 def test_run_metrics_are_medians_over_clients_and_the_most_steps():

@@ -43,8 +43,13 @@ def dp_tabular_client(settings: DPSettings, lr: float = 0.05) -> TabularClient:
                            UfmSettings(gate=None), OptimSettings(lr=lr, momentum=0.0, weight_decay=0.0,
                                                                  grad_clip=None), hidden=(16, 8))
     client.model = prepare_model(client.model)
-    client.dp = ClientDP(settings, client.model)
+    client.add_plugin(ClientDP(settings, client.model))
     return client
+
+
+def dp_of(client) -> ClientDP | None:
+    """The client's DP-SGD plug-in (None: trained without DP-SGD)."""
+    return client.plugin_of(ClientDP)
 
 
 def count(model, kind) -> int:
@@ -67,12 +72,12 @@ def test_dp_config_builds_the_global_model_with_groupnorm():
     """The factory every client and the server's layout come from applies the fix (one flat layout for all)."""
     cfg = compose_config("algorithm=fedavg_dp", "model.scale=femto", "logger=none")
     client = build_client(cfg, SimpleNamespace(num_groups=3, num_classes=1))
-    assert client.dp is not None
+    assert dp_of(client) is not None
     assert count(client, torch.nn.modules.batchnorm._BatchNorm) == 0
     assert ModuleValidator.validate(client.model, strict=False) == []
     plain = build_client(compose_config("algorithm=fedavg", "model.scale=femto", "logger=none"),
                          SimpleNamespace(num_groups=3, num_classes=1))
-    assert plain.dp is None and count(plain, torch.nn.modules.batchnorm._BatchNorm) > 0
+    assert dp_of(plain) is None and count(plain, torch.nn.modules.batchnorm._BatchNorm) > 0
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0])
@@ -98,13 +103,13 @@ def test_spent_epsilon_equals_opacus_accountant_and_survives_resume():
         steps += local_train(fabric, client, lambda e, r=round_idx: data.train_loader(0, seed=10 * r + e), epochs=2)
         state = client.export_local_state()
         if round_idx == 0:
-            half = client.dp_epsilon()
+            half = dp_of(client).epsilon()
     q = sample_rate(data.num_train(0), 16)
     sigma = noise_multiplier_for(settings, q)
     assert steps == planned_steps(settings, q)
     reference = PRVAccountant()
     reference.history = [(sigma, q, steps)]
-    spent = client.dp_epsilon()
+    spent = dp_of(client).epsilon()
     assert spent == pytest.approx(reference.get_epsilon(delta=1e-6), rel=1e-9)
     assert 0.95 <= spent <= 1.0 + 1e-9  # the target is reached after the planned steps, not exceeded
     assert 0 < half < spent
@@ -114,11 +119,11 @@ def test_empty_poisson_batch_takes_a_counted_noise_only_step():
     client = dp_tabular_client(DPSettings(target_epsilon=None, noise_multiplier=1.0))
     data = toy_data(batch_size=16)
     optimizer = client.configure_optimizers()
-    client.dp.loader(data.train_loader(0, seed=0))
+    dp_of(client).loader(data.train_loader(0, seed=0))
     before = [p.detach().clone() for p in client.model.parameters()]
-    client.dp.noise_only_step(optimizer)
+    dp_of(client).noise_only_step(optimizer)
     assert any(not torch.equal(a, p) for a, p in zip(before, client.model.parameters()))
-    assert client.dp.accountant.history == [(1.0, client.dp.q, 1)]
+    assert dp_of(client).accountant.history == [(1.0, dp_of(client).q, 1)]
 
 
 def per_example_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -142,7 +147,7 @@ def clipped_step_setup(clip: float, noise_multiplier: float, clipping: str = "bo
     reference.load_state_dict(client.model.state_dict())
     data = toy_data(batch_size=16)
     optimizer = client.configure_optimizers()
-    client.dp.loader(data.train_loader(0, seed=0))
+    dp_of(client).loader(data.train_loader(0, seed=0))
     batch = next(iter(data.train_loader(0, seed=1)))
     return client, optimizer, batch, per_example_grads(reference, batch["x"], batch["y"])
 
@@ -178,7 +183,7 @@ def test_per_image_detection_loss_is_the_batch_loss_for_one_image_and_decouples_
     client = build_client(cfg, SimpleNamespace(num_groups=3, num_classes=1))
     batch = tiny_batch(64)
     one = image_targets(batch, 1)
-    client.dp.set_training(False)  # a forward without backward must not leave activations to the hooks
+    dp_of(client).set_training(False)  # a forward without backward must not leave activations to the hooks
     out = client.model(one["img"])
     torch.testing.assert_close(per_image_detection_loss(client.criterion, out, one).task,
                                client.criterion.compute(out, one).task)
@@ -195,7 +200,7 @@ def test_per_image_detection_loss_is_the_batch_loss_for_one_image_and_decouples_
         p.grad_sample = None
     client.criterion.compute(client.model(batch["img"]), batch).task.backward()
     coupled = torch.cat([p.grad_sample.reshape(2, -1) for p in params], dim=1)
-    client.dp.set_training(False)
+    dp_of(client).set_training(False)
     for i in range(2):
         own = image_targets(batch, i)
         task = client.criterion.compute(image_slice(client.model(own["img"]), 0), own).task
@@ -243,7 +248,7 @@ def test_batched_per_image_loss_equals_the_image_by_image_definition():
     torch.manual_seed(0)
     cfg = compose_config("algorithm=fedavg_dp", "model.scale=femto", "logger=none", "dataset.image_size=64")
     client = build_client(cfg, SimpleNamespace(num_groups=3, num_classes=1))
-    client.dp.set_training(False)
+    dp_of(client).set_training(False)
     batch = synthetic_batch(64, 5)
     keep = batch["batch_idx"] != 2  # image 2 has no box at all
     batch = {k: (v[keep] if k in ("cls", "bboxes", "groups", "batch_idx", "proxy") else v) for k, v in batch.items()}

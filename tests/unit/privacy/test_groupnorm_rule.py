@@ -15,6 +15,7 @@ from resfl_lightning.builders import build_client
 from resfl_lightning.privacy.dp import prepare_model
 from resfl_lightning.privacy.groupnorm import groupnorm_groups
 from tests.helpers import compose_config
+from tests.unit.privacy.test_dp_sgd import dp_of
 
 
 @pytest.mark.parametrize(("channels", "groups"), [
@@ -69,7 +70,7 @@ def test_dp_disabled_keeps_the_groupnorm_model_without_dp_sgd():
     on = build_client(compose_config("algorithm=fedavg_dp", "model.scale=femto", "logger=none"), data)
     off = build_client(compose_config("algorithm=fedavg_dp", "algorithm.dp.enabled=false", "model.scale=femto",
                                       "logger=none"), data)
-    assert on.dp is not None and off.dp is None
+    assert dp_of(on) is not None and dp_of(off) is None
     assert layout(on.model) == layout(off.model) and layout(off.model)
     assert not isinstance(off.configure_optimizers(), type(on.configure_optimizers()))
-    assert math.isnan(off.dp_epsilon()) and off.dp_statistics() == {}
+    assert off.report_extras(None) == {}  # no DP numbers to report
