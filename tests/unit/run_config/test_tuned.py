@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_settings import composed_settings
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.tuned import load_tuned, recorded_path, with_tuned
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import load_tuned, recorded_path, with_tuned
 
 REPO = Path(__file__).resolve().parents[3]
 ADULT_RESFL = "conf/tuned/adult/resfl.yaml"
