@@ -22,7 +22,7 @@ from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.robustness import ba_ad, pair_mismatch
 from resfl_lightning.analysis.robustness import run_values as attack_values
 from resfl_lightning.analysis.table import table_preset
-from resfl_lightning.attacks.byzantine import count_from_fraction
+from resfl_lightning.data.partition import count_from_fraction
 from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, t_test
 

@@ -27,8 +27,8 @@ from resfl_lightning.analysis.tune import (
 )
 from resfl_lightning.analysis.tune_grid import load_settings
 from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial, with_learned_floor
-from resfl_lightning.config.tuned import load_tuned
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import load_tuned
 
 SEEDS = [120, 121, 122]
 # a cheap constrained method with no shipped Adult tuned file (the tests of first-time tuning need one)

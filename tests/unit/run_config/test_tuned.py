@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_settings import composed_settings
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.tuned import load_tuned, recorded_path, with_tuned
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import load_tuned, recorded_path, with_tuned
 
 REPO = Path(__file__).resolve().parents[3]
 ADULT_RESFL = "conf/tuned/adult/resfl.yaml"
@@ -33,7 +33,7 @@ def phi_conf(tmp_path, monkeypatch):
     (conf / "tuned" / "adult").mkdir(parents=True, exist_ok=True)
     (conf / "tuned" / "adult" / "resfl.yaml").write_text(
         yaml.safe_dump({"selected_by": "test", "evidence": [], "overrides": RESFL_OVERRIDES}))
-    for module in ("resfl_lightning.analysis.run_settings", "resfl_lightning.config.tuned"):
+    for module in ("resfl_lightning.analysis.run_settings", "resfl_lightning.run_config.tuned"):
         monkeypatch.setattr(f"{module}.conf_dir", lambda: conf)
     run_settings.clear_composed()
     yield conf
