@@ -110,7 +110,7 @@ def classification_majority_rate(data, split: str = "test") -> float | None:
     """Accuracy of a constant prediction on a classification split: `test` (the table's utility floor) or `val`, the
     union of the clients' validation splits (what `resfl tune` reads); None for other tasks. Read from the label
     array, never through a loader (a loader's workers would draw from the torch RNG)."""
-    from resfl_lightning.attacks.targets import base_data
+    from resfl_lightning.data.federated import base_data
 
     data = base_data(data)
     if getattr(data, "task", None) != "classification" or not hasattr(data, "y") or not hasattr(data, "splits"):

@@ -1,9 +1,10 @@
-"""Turn the validated config (resfl_lightning/config/load.py) into Fabric, logger, data, client factory, aggregator and
-callbacks. Every function here takes the typed config `load_config` returns."""
+"""Turn the validated config (resfl_lightning/run_config/load.py) into Fabric, logger, data, client factory, aggregator
+and callbacks. Every function here takes the typed config `load_config` returns."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from resfl_lightning.aggregation.registry import build_aggregation
 from resfl_lightning.algorithms.base import Algorithm
 from resfl_lightning.attacks.registry import build_attack_callbacks, read_attacks, selected
-from resfl_lightning.config.load import instantiate, load_config
+from resfl_lightning.config.load import instantiate
 from resfl_lightning.config.sections import OptimSettings, UfmSettings
 from resfl_lightning.federation.checkpoint import read_logger_run_id
 from resfl_lightning.federation.orchestrator import Federation, FederationSettings
+from resfl_lightning.run_config.load import load_config
 
 
 def algorithm_of(cfg: DictConfig) -> Algorithm:
@@ -122,7 +124,9 @@ def _wandb_logged_in() -> bool:
         return False
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm) -> list:
+def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm, extra: Sequence = ()) -> list:
+    """The run's callbacks in their order; `extra` (a command's own, e.g. `resfl train`'s W&B report figures) run
+    after the run's measurements and before RunFiles, which finalizes the loggers."""
     from resfl_lightning.callbacks.evaluation import GlobalEvaluation
     from resfl_lightning.callbacks.progress import RichProgress
     from resfl_lightning.callbacks.reports import ClientReportLogger
@@ -133,7 +137,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm) -> lis
     attacks = build_attack_callbacks(cfg, evaluation)
     privacy = None
     if attacks:
-        from resfl_lightning.callbacks.privacy import PrivacyAttacks
+        from resfl_lightning.attacks.privacy_attacks import PrivacyAttacks
 
         privacy = next((cb for cb in attacks if isinstance(cb, PrivacyAttacks)), None)
     cbs: list = [evaluation, ClientReportLogger(), *attacks]
@@ -144,11 +148,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm) -> lis
         from resfl_lightning.callbacks.export import ExportModel
 
         cbs.append(ExportModel(run_dir, weights=cfg.export.weights))
-    if cfg.logger.kind == "wandb":  # the offline report's figures as W&B images (before RunFiles finalizes loggers)
-        from resfl_lightning.callbacks.report_figures import ReportFigures
-
-        cbs.append(ReportFigures(run_dir))
-    cbs += [RunFiles(run_dir=run_dir, resume=cfg.resume), RichProgress(enabled=cfg.progress)]
+    cbs += [*extra, RunFiles(run_dir=run_dir, resume=cfg.resume), RichProgress(enabled=cfg.progress)]
     return cbs
 
 
@@ -160,11 +160,12 @@ class Job:
         return self.federation.fit()
 
 
-def build_run(cfg: DictConfig) -> Job:
+def build_run(cfg: DictConfig, extra_callbacks: Callable[[DictConfig], Sequence] | None = None) -> Job:
     """Everything a run needs from the composed config. Nothing is built, launched or written before the config
     passed load_config (and the dataset its preflight). A group named by value is indexed first
-    (data/group_names.py); the run keeps the config as composed."""
-    from resfl_lightning.data.group_names import with_group_indices
+    (run_config/group_names.py); the run keeps the config as composed. `extra_callbacks(validated config)` gives a
+    command's own callbacks (build_callbacks places them)."""
+    from resfl_lightning.run_config.group_names import with_group_indices
 
     composed, cfg = cfg, load_config(with_group_indices(cfg))
     selected(*read_attacks(cfg.attack))  # the attack and aggregation nodes are their registries' to check
@@ -184,7 +185,8 @@ def build_run(cfg: DictConfig) -> Job:
     logger = build_logger(cfg, run_dir, composed)
     fabric = L.Fabric(accelerator=cfg.fabric.accelerator, devices=devices, num_nodes=cfg.fabric.num_nodes,
                       strategy=strategy, precision=cfg.fabric.precision, loggers=logger,
-                      callbacks=build_callbacks(cfg, run_dir, algorithm))
+                      callbacks=build_callbacks(cfg, run_dir, algorithm,
+                                                extra_callbacks(cfg) if extra_callbacks is not None else ()))
     fabric.launch()
     if cfg.fabric.accelerator == "cpu":
         import torch

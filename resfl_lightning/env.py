@@ -1,4 +1,4 @@
-"""Process-wide set-up that must happen before ultralytics or wandb are imported."""
+"""Process-wide set-up: what must happen before ultralytics or wandb are imported, and the seed of the global RNGs."""
 
 from __future__ import annotations
 
@@ -30,6 +30,18 @@ def configure_environment(num_threads: int | None = 1) -> None:
 
 
 configure_environment(num_threads=None)
+
+
+def seed_all(seed: int) -> None:
+    """Seed python's, numpy's and torch's global RNGs (a client's local training, the initial model)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def quiet_libraries() -> None:

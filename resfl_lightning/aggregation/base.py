@@ -44,7 +44,8 @@ class AggregationRule:
     # --- hooks for rules that need more than the round's updates (all no-ops by default) -----------------------
     def attach(self, federation, model, layout) -> None:
         """Once before the first round: a rule that computes on the server side (FLTrust's root update) keeps what
-        it needs here (the live client module, the flat layout, the federated data)."""
+        it needs here (the live client module, the flat layout, the federated data; `federation.server_root(model,
+        layout, size)` carves the server's root split, federation/root.py)."""
 
     def begin_round(self, state, round_idx: int) -> None:
         """Before the round's aggregation: the current global model (`state.theta`) and the rule's own state kept

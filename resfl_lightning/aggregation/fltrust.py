@@ -1,5 +1,5 @@
 """FLTrust (Cao, Fang, Liu & Gong, NDSS 2021; docs/method.md §10): the server trains its own root update g_0
-on a small clean root split (aggregation/root.py) and trusts each update by TS_i = ReLU(cos(d_i, g_0)):
+on a small clean root split (federation/root.py) and trusts each update by TS_i = ReLU(cos(d_i, g_0)):
 
     aggregate = sum_i TS_i (||g_0|| / ||d_i||) d_i / sum_i TS_i       (no update when sum_i TS_i = 0)
 
@@ -15,7 +15,6 @@ import torch
 
 from resfl_lightning.aggregation.base import GatherAllRule
 from resfl_lightning.aggregation.robust_ops import trust_scores
-from resfl_lightning.aggregation.root import ServerRoot
 from resfl_lightning.types import ClientReport
 
 
@@ -37,14 +36,14 @@ class FLTrust(GatherAllRule):
     root_size: int = 100  # items carved from the attack reserve for the server's root split
 
     def __post_init__(self) -> None:
-        self.root: ServerRoot | None = None  # set by attach (tests may set any object with update())
+        self.root = None  # the ServerRoot of attach (tests may set any object with update())
         self._weights: dict[int, float] = {}
         if self.root_size < 1:
             raise ValueError(f"aggregation.root_size must be >= 1, got {self.root_size}")
 
     def attach(self, federation, model, layout) -> None:
         super().attach(federation, model, layout)
-        self.root = ServerRoot(federation, model, layout, self.root_size)
+        self.root = federation.server_root(model, layout, self.root_size)
 
     def begin_round(self, state, round_idx: int) -> None:
         self.root.begin_round(state, round_idx)

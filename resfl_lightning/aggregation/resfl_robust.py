@@ -1,6 +1,6 @@
 """RESFL whose weights a liar cannot buy (`algorithm=resfl_robust`; docs/method.md "Threat model of resfl_robust").
 
-Each round, on the server's root split (aggregation/root.py):
+Each round, on the server's root split (federation/root.py):
 1. u_i: `mode=server` evaluates theta_G + d_i on the root split and takes u_i = clip(UFM_i) (gated to clip_high when
    the root utility is under the UFM gate), ignoring the reported u; `mode=checked` keeps the reported u but drops a
    client whose report differs from the server's estimate by more than check_k bootstrap standard errors
@@ -35,7 +35,6 @@ from resfl_lightning.aggregation.robust_ops import (
     weighted_median,
     weighted_trimmed_mean,
 )
-from resfl_lightning.aggregation.root import ServerRoot
 from resfl_lightning.metrics.ufm import relative_gate_threshold
 from resfl_lightning.types import ClientReport
 
@@ -110,7 +109,7 @@ class RobustResfl(GatherAllRule):
             raise ValueError(f"aggregation.trim_beta must lie in [0, 0.5), got {self.trim_beta}")
         if self.root_size < 1:
             raise ValueError(f"aggregation.root_size must be >= 1, got {self.root_size}")
-        self.root = None  # ServerRoot (attach), or any object with update() and evaluate(delta) in tests
+        self.root = None  # the ServerRoot of attach, or any object with update() and evaluate(delta) in tests
         self.policy = UfmPolicy()
         self._center: torch.Tensor | None = None
         self._last: torch.Tensor | None = None
@@ -124,11 +123,11 @@ class RobustResfl(GatherAllRule):
                              "ufm.bootstrap_resamples > 0")
         self.policy = UfmPolicy(u.clip_low, u.clip_high, u.gate, u.gate_mode, u.gate_mad_k, u.insufficient_u)
         super().attach(federation, model, layout)
-        self.root = ServerRoot(federation, model, layout, self.root_size)
+        self.root = federation.server_root(model, layout, self.root_size)
 
     def begin_round(self, state, round_idx: int) -> None:
         self._center = state.extra.get(PREVIOUS_KEY)
-        if isinstance(self.root, ServerRoot):
+        if self.root is not None:
             self.root.begin_round(state, round_idx)
 
     def end_round(self, state):

@@ -32,6 +32,6 @@ class PrivFairFLPost(Algorithm):
 
     def server_callbacks(self, evaluation: Any) -> list:
         """Calibration before the scores read the test metrics."""
-        from resfl_lightning.callbacks.post_calibration import PostCalibration
+        from resfl_lightning.baselines.post_calibration import PostCalibration
 
         return [PostCalibration(self.post_calibration, evaluation)]

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from resfl_lightning.analysis.run_data import RunData
-from resfl_lightning.attacks.byzantine import relative_drop
 from resfl_lightning.metrics.fairness import privacy_score
 from resfl_lightning.metrics.fate import fate
+from resfl_lightning.metrics.robustness import relative_drop
 
 # Config keys two paired runs must share for the difference to measure the attack (or the method) alone.
 PAIRED_KEYS = ("seed", "dataset", "model", "federation", "optim")

@@ -21,10 +21,10 @@ from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import table_preset
-from resfl_lightning.config.tuned import recorded_path
 from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.statistics import TTest, t_test
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import recorded_path
 
 
 def grid_file() -> Path:

@@ -19,8 +19,9 @@ from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Re
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.analysis.table import table_preset
-from resfl_lightning.attacks.byzantine import count_from_fraction, relative_drop
+from resfl_lightning.data.partition import count_from_fraction
 from resfl_lightning.metrics.intervals import interval_text
+from resfl_lightning.metrics.robustness import relative_drop
 from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.values import finite
@@ -228,7 +229,7 @@ def run_values(run: RunData | None) -> dict[str, float | None]:
 
 
 def ba_ad(clean: float | None, attacked: float | None) -> float | None:
-    """BA AD (attacks/byzantine.py's relative_drop, the one definition); None where either is missing or the clean
+    """BA AD (metrics/robustness.py's relative_drop, the one definition); None where either is missing or the clean
     utility is 0."""
     if clean is None or attacked is None or clean == 0:
         return None

@@ -15,8 +15,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_records import is_finished
-from resfl_lightning.config.tuned import SWITCH
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import SWITCH
 
 # Overrides that vary between the runs of one grid cell and reach the config only as their own value (and through
 # interpolations such as run_name): a cell's config is composed once and these are set on a copy of it.
@@ -44,7 +44,7 @@ def _composed_cell(conf: str, fixed: tuple[str, ...]):
     change while it runs; clear_composed() forgets them (tests that edit conf/)."""
     from hydra import compose, initialize_config_dir
 
-    from resfl_lightning.config.tuned import recompose
+    from resfl_lightning.run_config.tuned import recompose
 
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(fixed), return_hydra_config=True)
@@ -100,6 +100,24 @@ TRANSFER_KEYS = ("dataset.loader.pin_memory",)
 # Nor the switch that applies a tuned file: what it changes is in the config itself (tuned_file and the keys the file
 # sets), so a run trained at the preset with no tuned file to apply is the run use_tuned=false composes now.
 SWITCH_KEYS = (SWITCH,)
+# Nor where a class lives: the attack classes moved from callbacks/ to attacks/ (docs/renamed.md), so a run saved
+# with the old `_target_` is the run the new one composes now.
+MOVED_TARGETS = {
+    **{f"resfl_lightning.callbacks.privacy.{name}": f"resfl_lightning.attacks.privacy_attacks.{name}"
+       for name in ("MembershipInference", "AttributeInference")},
+    **{f"resfl_lightning.callbacks.robustness.{name}": f"resfl_lightning.attacks.robustness_attacks.{name}"
+       for name in ("ByzantineAttack", "DataPoisoning", "EqualizedOdds")},
+    "resfl_lightning.callbacks.update_aia.UpdateAttributeInference":
+        "resfl_lightning.attacks.update_aia_attack.UpdateAttributeInference",
+}
+
+
+def current_targets(tree: Any) -> Any:
+    """The saved config with every moved `_target_` (MOVED_TARGETS) replaced by where its class lives now."""
+    if isinstance(tree, dict):
+        return {k: MOVED_TARGETS.get(v, v) if k == "_target_" and isinstance(v, str) else current_targets(v)
+                for k, v in tree.items()}
+    return tree
 
 
 def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
@@ -114,7 +132,7 @@ def finished_run_mismatch(run_dir: Path, overrides: list[str]) -> list[str]:
 def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
     """The settings in which a run's saved config (its config.yaml text) differs from what `overrides` compose to
     now, where it lives and how its batches were pinned aside ([] when none)."""
-    saved = OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True)
+    saved = current_targets(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
     return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in (*TRANSFER_KEYS, *SWITCH_KEYS)]

@@ -264,7 +264,7 @@ def csv_text(cells: dict[str, dict[str, Cell]], columns: list[Column]) -> str:
 
 
 def draw_pareto(cells: dict[str, dict[str, Cell]], header: str, path: Path) -> None:
-    from resfl_lightning.evaluation.pareto import plot_pareto
+    from resfl_lightning.analysis.pareto import plot_pareto
 
     pareto = {m: {k: (cell.interval, cell.diff) for k, cell in row.items()} for m, row in cells.items()}
     plot_pareto(pareto, path, title=header.lstrip("# ").split(" (")[0])  # no timing in the figure

@@ -1,7 +1,8 @@
 """`resfl tune`: the equal tuning budget, so that no method wins by being tuned more. Every method gets the same number
 of trials over its own pre-declared grid (conf/tune/<method>.yaml) on the tuning seeds of conf/table/tune.yaml (both
 read by tune_grid.py), and the rule there (tune_rule.py) picks one trial per method on VALIDATION values only; the
-selected trial's overrides go to conf/tuned/<dataset>/<method>.yaml (config/tuned.py), merged with a file already there.
+selected trial's overrides go to conf/tuned/<dataset>/<method>.yaml (run_config/tuned.py), merged with a file already
+there.
 
 A method's tuning runs start from the tuned file it had when its tuning began (its "base"), frozen in OUT/bases.json:
 a file this command writes later must not turn its own finished runs into stale ones. Runs are trained by
@@ -45,9 +46,9 @@ from resfl_lightning.analysis.tune_rule import (
     with_learned_floor,
 )
 from resfl_lightning.config.errors import ConfigError
-from resfl_lightning.config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
 from resfl_lightning.metrics.statistics import below_utility_floor
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
 
 
 # --- the runs -------------------------------------------------------------------------------------------------------

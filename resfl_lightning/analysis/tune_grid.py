@@ -16,8 +16,8 @@ from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.frontier import load_grid as load_frontier_grid
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import algorithm_presets
-from resfl_lightning.config.tuned import RECORD, SWITCH, override_key
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import RECORD, SWITCH, override_key
 from resfl_lightning.values import finite
 
 SCALE = "*="  # `key*=f` in a grid: f times the value the run would have without the trial

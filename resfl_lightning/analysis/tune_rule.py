@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from resfl_lightning.config.tuned import override_key
+from resfl_lightning.run_config.tuned import override_key
 from resfl_lightning.values import finite
 
 TIE_TOLERANCE = 1e-12

@@ -1,4 +1,5 @@
-"""What an attack plugs into: the class its config node's `_target_` names, and the run it is built for.
+"""What an attack plugs into: the class its config node's `_target_` names, the run it is built for, and where its
+callback writes its files.
 
 An attack is one module + one yaml (docs/design.md, "Adding an attack"). The module defines a settings dataclass,
 the function that does the work, and an `Attack` subclass, usually the callback itself:
@@ -23,9 +24,13 @@ and conf/attack/<name>.yaml holds `<name>: {_target_: pkg.module.MyAttack, stren
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -70,3 +75,19 @@ class Attack:
     def build(cls, settings: Any, run: AttackRun) -> Any:
         """The Fabric callback that runs this attack (one object may serve several attacks: `AttackRun.shared`)."""
         raise NotImplementedError(f"{cls.__name__} must define build(settings, run)")
+
+
+def write_attack_file(federation, name: str, payload: dict) -> Path:
+    """run_dir/attacks/<name>.json (rank 0 callers only)."""
+    path = Path(federation.settings.run_dir) / "attacks" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def default(o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=default))
+    return path

@@ -1,4 +1,4 @@
-"""Byzantine sign-flip attack (docs/method.md §7), what an attacker reports about its update, and the BA AD metric.
+"""Byzantine sign-flip attack (docs/method.md §7) and what an attacker reports about its update.
 
 Attackers are drawn at random each round from (seed, round) — never "the first clients" (docs/method.md §9) — and
 the optional l2 bound only rescales an update, it never adds noise.
@@ -25,21 +25,14 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from resfl_lightning.data.partition import count_from_fraction
+
 Delta = TypeVar("Delta", torch.Tensor, np.ndarray, Mapping)
 
 _ATTACKER_STREAM = 0x42595A  # separates this RNG stream from other uses of the same seed
 _FIXED_STREAM = 0x464958  # the fixed schedule's draw, apart from every per-round draw
 REPORT_MODES = ("honest", "sent", "lie", "mimic")
 SCHEDULES = ("fixed", "per_round")
-
-
-def count_from_fraction(num_clients: int, fraction: float) -> int:
-    """round(fraction * N) with halves rounded up (Python's round() would send 2.5 to 2)."""
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-    return min(num_clients, int(math.floor(fraction * num_clients + 0.5 + 1e-9)))
 
 
 def choose_attackers(num_clients: int, fraction: float, seed: int, round_idx: int) -> list[int]:
@@ -114,16 +107,6 @@ def byzantine_transform(delta: Delta, gamma: float, l2_bound: float | None = Non
     """What a Byzantine client sends: -gamma * delta, then optionally rescaled to l2 norm <= l2_bound."""
     flipped = sign_flip(delta, gamma)
     return flipped if l2_bound is None else _bound(flipped, l2_bound)
-
-
-def relative_drop(clean: float, attacked: float) -> float:
-    """BA AD: (clean - attacked) / clean, e.g. the relative mAP drop of the attacked run."""
-    clean, attacked = float(clean), float(attacked)
-    if not (math.isfinite(clean) and math.isfinite(attacked)):
-        raise ValueError(f"relative_drop: non-finite input (clean={clean}, attacked={attacked})")
-    if clean == 0.0:
-        raise ValueError("relative_drop: clean metric is 0, the relative drop is undefined")
-    return (clean - attacked) / clean
 
 
 def attacker_report(mode: str, honest: Any, validate_sent: Callable[[], Any],

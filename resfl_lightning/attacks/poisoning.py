@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from resfl_lightning.attacks.byzantine import count_from_fraction
+from resfl_lightning.data.partition import count_from_fraction
 
 REQUIRED_KEYS = ("image_index", "cls", "boxes", "groups")
 MODES = ("drop", "mislabel", "relabel_group")

@@ -31,12 +31,12 @@ from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.attacks.targets import (
     ReserveSplit,
     ShadowModel,
-    base_data,
     item_groups,
     sample_members,
     split_reserve,
 )
 from resfl_lightning.config.errors import ConfigError
+from resfl_lightning.data.federated import base_data
 from resfl_lightning.evaluation.weather import weather_loader
 from resfl_lightning.metrics.fairness import privacy_score
 

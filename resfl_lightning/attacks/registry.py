@@ -17,6 +17,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from resfl_lightning.attacks.base import Attack, AttackRun
+from resfl_lightning.attacks.scores import AttackScores
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.fields import checked_dataclass
 
@@ -91,8 +92,6 @@ def build_attack_callbacks(cfg: Any, evaluation: Any = None) -> list:
     chosen = selected(options, attacks)
     if not chosen:
         return []
-    from resfl_lightning.callbacks.privacy import AttackScores
-
     run = AttackRun(seed=int(cfg.seed), rounds=int(cfg.federation.rounds), every=options.every,
                     evaluation=evaluation, settings={a.name: a.settings for a in attacks})
     callbacks: list = []

@@ -13,12 +13,12 @@ import torch
 
 from resfl_lightning.attacks.settings import MiaSettings
 from resfl_lightning.attacks.update_features import dominant_group
+from resfl_lightning.data.federated import base_data
 from resfl_lightning.data.partition import stratified_split
 
 _SHADOW_STREAM = 0x534844  # RNG stream tags: attack randomness never reuses a training stream
 _MEMBER_STREAM = 0x4D454D
 _RESERVE_STREAM = 0x525356
-
 
 
 # --- reproducible randomness ---------------------------------------------------------------------------------
@@ -41,13 +41,6 @@ def isolated_rng(device: torch.device | None = None) -> Iterator[None]:
 
 
 # --- data helpers ------------------------------------------------------------------------------------------------
-def base_data(data: Any) -> Any:
-    """The federated data under any attack wrapper (PoisonedData exposes the wrapped data as .base)."""
-    while getattr(data, "is_attack_wrapper", False):
-        data = data.base
-    return data
-
-
 def minority_group(data: Any) -> int:
     """The known group with the fewest items (ties: the lowest id): the protected group of a dataset that declares
     none (docs/method.md §7)."""

@@ -21,7 +21,6 @@ import torch
 from resfl_lightning.attacks.aia import MIN_TRAIN_TEST_SAMPLES, aia_success_rate, train_test_attribute_probe
 from resfl_lightning.attacks.settings import UpdateAiaSettings
 from resfl_lightning.attacks.targets import (
-    base_data,
     client_dominant_group,
     isolated_rng,
     item_groups,
@@ -30,6 +29,7 @@ from resfl_lightning.attacks.targets import (
     train_loader_for,
 )
 from resfl_lightning.attacks.update_features import update_features
+from resfl_lightning.data.federated import base_data
 
 _SHADOW_CLIENT_STREAM = 0x534843
 SCORES = ("balanced_accuracy", "top1", "macro_f1", "chance_uniform", "chance_majority")

@@ -36,10 +36,10 @@ def gather(overrides: list[str]) -> dict[str, Any]:
     """The facts (data/facts.py) of the data `resfl train <overrides>` would train on, plus the dataset's name, the
     seed and the protected group."""
     from resfl_lightning.attacks.targets import minority_group
-    from resfl_lightning.config.load import load_config
     from resfl_lightning.data.facts import data_facts
     from resfl_lightning.data.federated import build_federated_data, instantiate_dataset
-    from resfl_lightning.data.group_names import with_group_indices
+    from resfl_lightning.run_config.group_names import with_group_indices
+    from resfl_lightning.run_config.load import load_config
 
     cfg = load_config(with_group_indices(composed(overrides)))
     dataset = instantiate_dataset(cfg.dataset)

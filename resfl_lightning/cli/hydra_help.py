@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 # Hydra's own settings; W&B sweep files (`wandb sweep conf/sweeps/...`); the comparison table's columns (`resfl table`);
-# `resfl tune`'s grids; per-dataset tuned settings, applied by config/tuned.py rather than chosen
+# `resfl tune`'s grids; per-dataset tuned settings, applied by run_config/tuned.py rather than chosen
 NOT_GROUPS = ("hydra", "sweeps", "table", "tune", "tuned")
 WIDTH = 118
 

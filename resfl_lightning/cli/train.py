@@ -25,22 +25,24 @@ _COMMAND_LINE: list[str] = []
 
 
 def run(cfg: DictConfig):
-    """Build everything from a composed config and train; returns the final ServerState (rank-local)."""
+    """Build everything from a composed config and train; returns the final ServerState (rank-local). With W&B on,
+    the offline report's figures are logged at the end (analysis/report_figures.py)."""
+    from resfl_lightning.analysis.report_figures import report_figures
     from resfl_lightning.builders import build_run
 
-    job = build_run(cfg)
+    job = build_run(cfg, extra_callbacks=report_figures)
     return job.fit()
 
 
 def apply_tuned(cfg: DictConfig) -> DictConfig:
     """The config composed again with conf/tuned/<dataset>/<algorithm>.yaml in front of the task's overrides
-    (config/tuned.py), or `cfg` itself when no tuned file applies."""
+    (run_config/tuned.py), or `cfg` itself when no tuned file applies."""
     import os
 
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
-    from resfl_lightning.config.tuned import recompose
+    from resfl_lightning.run_config.tuned import recompose
 
     hydra_cfg = HydraConfig.get()
     rank_zero = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
@@ -57,7 +59,7 @@ def tuned_args_for_printing(args: list[str]) -> list[str]:
         return args
     from hydra import compose, initialize_config_dir
 
-    from resfl_lightning.config.tuned import with_tuned
+    from resfl_lightning.run_config.tuned import with_tuned
 
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

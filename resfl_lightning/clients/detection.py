@@ -189,7 +189,7 @@ class DetectionClient(FederatedClient):
 
     def test_outputs(self, loader):
         """One eval-mode pass over a split, (preds, gts, mean task loss, person features or None): every metric of
-        an evaluation round is computed from it (test_metrics_from, EOD in callbacks/robustness.py)."""
+        an evaluation round is computed from it (test_metrics_from, EOD in attacks/robustness_attacks.py)."""
         return self._collect_for_ufm(loader)
 
     def test_metrics(self, loader) -> dict[str, float]:

@@ -1,6 +1,7 @@
-"""The typed config: schema (schema.py, sections.py; fields.py for how a key is declared), cross-key rules
-(rules.py) and the one entry, `load_config` (load.py). Only the error types live here, so that any module can raise
-them without importing the schema."""
+"""The config kernel every layer may import: how a key is declared and checked (fields.py), the sections the
+plug-ins share (sections.py) and their rules (rules.py), a node built into its typed object (load.py) and the error
+types (errors.py). The whole run's schema and `load_config` sit above the plug-ins, in resfl_lightning/run_config/.
+Only the error types are exported here, so that any module can raise them without importing more."""
 
 from resfl_lightning.config.errors import ConfigError, InputError
 

@@ -1,4 +1,5 @@
-"""The one entry: a composed Hydra config in, the validated typed config out, before any work starts."""
+"""A composed config node in, its typed object out (the `_target_` class a node names, its keys checked): the whole
+run's config goes through here (run_config/load.py), and so does each configured object built from it."""
 
 from __future__ import annotations
 
@@ -60,16 +61,3 @@ def _checked(cls: type, node: Any, key: str) -> Any:
 def instantiate(node: Any, base: type, key: str) -> Any:
     """The `base` subclass a config node's `_target_` names, built from the node's keys (typed, ranges checked)."""
     return _checked(base, node, key)
-
-
-def load_config(cfg: Any) -> DictConfig:
-    """The composed config checked against the schema (config/schema.py: every key's type, range, choices; unknown
-    keys; the cross-key rules of config/rules.py), with every declared default filled in. Raises ConfigError
-    "<dotted.key>: ..." before anything is built. The result is a structured DictConfig: attribute access gives
-    typed values, and `instantiate(cfg.dataset, ...)` the configured objects. An already loaded config is
-    returned as it is."""
-    from resfl_lightning.config.schema import RunConfig
-
-    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig:
-        return cfg
-    return OmegaConf.structured(_checked(RunConfig, cfg, ""))

@@ -15,6 +15,13 @@ from resfl_lightning.data.detection import AnnotatedImages, DetectionDataset, de
 from resfl_lightning.data.partition import FederatedSplits, image_groups, make_federated_splits
 
 
+def base_data(data: Any) -> Any:
+    """The federated data under any attack wrapper (PoisonedData exposes the wrapped data as .base)."""
+    while getattr(data, "is_attack_wrapper", False):
+        data = data.base
+    return data
+
+
 class ClientSplitLoaders:
     """Loader accessors every federated dataset shares; a subclass builds the DataLoader in `_loader`."""
 

@@ -7,6 +7,7 @@ for detection datasets use image_groups() to get one label per image first.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -19,6 +20,16 @@ PARTITIONS = ("iid", "dirichlet", "column")
 SMALL_CLIENT_RULES = ("warn", "error", "merge", "drop")
 MIN_TRAIN_ROWS = 2  # BatchNorm in train mode needs two rows (data/tabular.py)
 _NAMES_SHOWN = 20
+
+
+def count_from_fraction(num_clients: int, fraction: float) -> int:
+    """round(fraction * N) with halves rounded up (Python's round() would send 2.5 to 2): how many of N clients (or
+    rows) a fraction picks, e.g. the attackers, the skewed clients, the poisoned rows."""
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    return min(num_clients, int(math.floor(fraction * num_clients + 0.5 + 1e-9)))
 
 
 class SmallClientWarning(UserWarning):

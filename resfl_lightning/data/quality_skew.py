@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from resfl_lightning.attacks.byzantine import count_from_fraction
 from resfl_lightning.config.sections import QualitySkewSettings
 from resfl_lightning.data.detection import Annotations
+from resfl_lightning.data.partition import count_from_fraction
 
 _STREAM = 0x515353  # RNG stream tag: independent of every other use of the run seed
 

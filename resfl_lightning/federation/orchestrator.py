@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import signal
 import time
 import warnings
@@ -25,12 +24,14 @@ from resfl_lightning.aggregation.base import AggregationRule
 from resfl_lightning.aggregation.streaming import StreamingWeightedSum, combine_normalisers
 from resfl_lightning.clients.base import EvalResult, FederatedClient
 from resfl_lightning.clients.plugin import ServerPlugin
+from resfl_lightning.env import seed_all
 from resfl_lightning.federation.checkpoint import ServerState, load_checkpoint, save_checkpoint
 from resfl_lightning.federation.client_state import ClientStateStore
 from resfl_lightning.federation.collectives import PROGRESS, Collectives
 from resfl_lightning.federation.faults import FaultPlan, check_group_stats, check_update, warn_dropped
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.participation import deal, sample_clients, sample_size
+from resfl_lightning.federation.root import ServerRoot
 from resfl_lightning.federation.state import FlatLayout
 from resfl_lightning.federation.swa import (
     batchnorm_layers,
@@ -162,12 +163,6 @@ def client_init_seed(seed: int, client_id: int) -> int:
     return int(np.random.SeedSequence([seed, client_id], spawn_key=(1,)).generate_state(1)[0])
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 @dataclass
 class RoundTimes:
     train: float = 0.0
@@ -209,6 +204,11 @@ class Federation:
         """This rank's share of the round's participants (possibly none); default: the round under way."""
         round_idx = PROGRESS.round_idx if round_idx is None else round_idx
         return deal(self.participants(round_idx), self.fabric.global_rank, self.fabric.world_size)
+
+    def server_root(self, model: FederatedClient, layout: FlatLayout, size: int) -> ServerRoot:
+        """The server's own labelled split (root.py), carved from the attack reserve now: a rule that trains or
+        evaluates on it asks for it in its `attach`."""
+        return ServerRoot(self, model, layout, size)
 
     # --- collectives (no-ops on one process; a dead or hanging peer raises PeerFailure) ------------
     def _gather(self, obj, step: str = "report all_gather"):

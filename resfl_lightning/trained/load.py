@@ -43,9 +43,9 @@ def load_detection_run(run_dir: Path, dataset: str | None, overrides: Sequence[s
                        ) -> tuple[Path, DictConfig]:
     """(global model checkpoint, validated config) of a finished detection run whose data is present; `purpose` says
     in the error why a classification run does not fit."""
-    from resfl_lightning.config.load import load_config
     from resfl_lightning.data.federated import instantiate_dataset
-    from resfl_lightning.data.group_names import with_group_indices
+    from resfl_lightning.run_config.group_names import with_group_indices
+    from resfl_lightning.run_config.load import load_config
 
     ckpt = Path(run_dir) / "checkpoints" / "last.pt"
     if not ckpt.is_file():
@@ -62,8 +62,8 @@ def build_trained_model(cfg: DictConfig, checkpoint: Path, fabric: Any = None) -
     global model (on the fabric's device when one is given) and the checkpoint's ServerState."""
     from resfl_lightning.builders import build_client
     from resfl_lightning.data.federated import build_federated_data
+    from resfl_lightning.env import seed_all
     from resfl_lightning.federation.checkpoint import load_checkpoint
-    from resfl_lightning.federation.orchestrator import seed_all
     from resfl_lightning.federation.state import FlatLayout
 
     seed_all(cfg.seed)

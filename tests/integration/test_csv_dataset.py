@@ -31,7 +31,7 @@ def write_people(path: Path, n: int = 1200) -> None:
 
 @pytest.mark.slow
 def test_csv_run_reports_fairlearns_group_tprs_and_di(tmp_path):
-    from resfl_lightning.config.load import load_config
+    from resfl_lightning.run_config.load import load_config
     from resfl_lightning.trained.load import build_trained_model, read_trained_config
 
     csv = tmp_path / "people.csv"

@@ -1,6 +1,7 @@
-"""The import graph of the package: library code never imports a command (resfl_lightning.cli, the entry aliases),
-and no module imports itself around a cycle. Every import counts, also one inside a function: a lazy import only
-hides a cycle until the function runs."""
+"""The import graph of the package: every module sits in one layer (LAYERS, lowest first) and imports only its own
+layer and the ones below, so library code never imports a command (resfl_lightning.cli, the entry aliases); and no
+module imports itself around a cycle. Every import counts, also one inside a function: a lazy import only hides an
+upward edge or a cycle until the function runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ REPO = Path(__file__).resolve().parents[2]
 # callbacks/ is installed as resfl_lightning.callbacks (pyproject.toml's package-dir)
 ROOTS = {"resfl_lightning": REPO / "resfl_lightning", "resfl_lightning.callbacks": REPO / "callbacks"}
 COMMANDS = ("resfl_lightning.cli", "resfl_lightning.train", "resfl_lightning.__main__")
+PACKAGE = "resfl_lightning"
+# The layers, lowest first; each names subpackages and modules of the package ("__init__": the package itself). A
+# module imports its own layer and the ones below, never one above; docs/design.md says what each layer is for.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "env", "env_lock", "resources", "memo", "values", "types", "config"),  # the kernel
+    ("metrics", "losses", "models"),
+    ("data",),
+    ("clients", "aggregation", "privacy", "baselines", "algorithms"),  # the plug-ins around a client and the server
+    ("federation",),
+    ("evaluation",),
+    ("attacks",),
+    ("callbacks",),
+    ("run_config", "builders", "trained"),
+    ("analysis", "benchmarks"),
+    ("cli", "train", "__main__"),  # the commands
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,48 @@ def is_command(module: str, commands: tuple[str, ...] = COMMANDS) -> bool:
 def command_imports(edges: list[Edge], commands: tuple[str, ...] = COMMANDS) -> list[Edge]:
     """Edges from a library module to a command module."""
     return [e for e in edges if not is_command(e.source, commands) and is_command(e.target, commands)]
+
+
+def layer_name(module: str, package: str = PACKAGE) -> str:
+    """The module's name inside the package ("__init__" for the package itself)."""
+    return "__init__" if module == package else module.removeprefix(package + ".")
+
+
+def placement(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS,
+              package: str = PACKAGE) -> tuple[int, str] | None:
+    """(layer index, listed name) of the longest listed name that is the module or one of its enclosing packages
+    (None: listed nowhere)."""
+    name = layer_name(module, package)
+    found = [(index, listed) for index, names in enumerate(layers) for listed in names
+             if name == listed or name.startswith(listed + ".")]
+    return max(found, key=lambda f: len(f[1]), default=None)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS, package: str = PACKAGE) -> int | None:
+    place = placement(module, layers, package)
+    return None if place is None else place[0]
+
+
+def unplaced(modules: dict[str, Path], layers: tuple[tuple[str, ...], ...] = LAYERS,
+             package: str = PACKAGE) -> list[str]:
+    """Modules no layer lists: a new top-level package or module must be placed before it can be checked."""
+    return sorted(m for m in modules if placement(m, layers, package) is None)
+
+
+def upward_imports(edges: list[Edge], layers: tuple[tuple[str, ...], ...] = LAYERS,
+                   package: str = PACKAGE) -> list[Edge]:
+    """Edges from a module to a module of a higher layer."""
+    def above(e: Edge) -> bool:
+        source, target = layer_of(e.source, layers, package), layer_of(e.target, layers, package)
+        return source is not None and target is not None and target > source
+
+    return [e for e in edges if above(e)]
+
+
+def describe_upward(edge: Edge, root: Path, layers: tuple[tuple[str, ...], ...] = LAYERS,
+                    package: str = PACKAGE) -> str:
+    (low, source), (high, target) = placement(edge.source, layers, package), placement(edge.target, layers, package)
+    return f"{edge.where(root)}  ({source}, layer {low + 1}, imports {target}, layer {high + 1})"
 
 
 def _graph(edges: list[Edge]) -> dict[str, dict[str, Edge]]:
@@ -170,6 +229,18 @@ def test_library_code_never_imports_a_command():
         e.where(REPO) for e in bad)
 
 
+def test_every_module_has_a_layer():
+    missing = unplaced(module_files(ROOTS))
+    assert not missing, "modules in no layer (add their package to LAYERS in tests/unit/test_import_graph.py and " \
+        "to docs/design.md):\n" + "\n".join(missing)
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = upward_imports(import_edges(module_files(ROOTS)))
+    assert not bad, f"{len(bad)} imports from a lower layer to a higher one (LAYERS):\n" + "\n".join(
+        describe_upward(e, REPO) for e in bad)
+
+
 def test_no_import_cycles():
     edges = import_edges(module_files(ROOTS))
     report = [f"{describe_cycle(cycle, REPO)}\n  (modules on cycles with these: {', '.join(tangle)})"
@@ -218,3 +289,40 @@ def test_helpers_pass_an_acyclic_tree(tmp_path: Path):
     edges = import_edges(modules)
     assert {(e.source, e.target) for e in edges} == {("pkg", "pkg.a"), ("pkg.a", "pkg.b")}
     assert find_cycles(edges) == [] and command_imports(edges, commands=("pkg.cli",)) == []
+
+
+def test_helpers_find_upward_imports_wherever_they_stand(tmp_path: Path):
+    modules = _tree(tmp_path, {
+        "pkg/__init__.py": "from pkg import low\n",  # the package itself, in the lowest layer
+        "pkg/low.py": "import json\n",
+        "pkg/mid/__init__.py": "",
+        "pkg/mid/a.py": "from pkg import low\nfrom pkg.mid import b\n",  # down, and inside its own layer
+        "pkg/mid/b.py": "def f():\n    from pkg.top import run\n",  # up, inside a function
+        "pkg/mid/special.py": "from pkg.top import run\n",  # listed in the top layer by its own name: allowed
+        "pkg/top.py": "from pkg.mid.a import low\ndef run():\n    pass\n",
+        "pkg/stray.py": "",  # in no layer
+    })
+    layers = (("__init__", "low"), ("mid",), ("top", "mid.special"))
+    edges = import_edges(modules)
+    (bad,) = upward_imports(edges, layers, "pkg")
+    assert describe_upward(bad, tmp_path, layers, "pkg") == \
+        "pkg/mid/b.py:2: from pkg.top import run  (mid, layer 2, imports top, layer 3)"
+    assert unplaced(modules, layers, "pkg") == ["pkg.stray"]
+    assert [layer_of(m, layers, "pkg") for m in ("pkg", "pkg.mid", "pkg.mid.a", "pkg.mid.special")] == [0, 1, 1, 2]
+
+
+def test_an_upward_import_planted_in_a_copy_of_a_module_is_caught(tmp_path: Path):
+    """The contract on the real package, with metrics/ufm.py replaced by a copy that imports the federation inside a
+    function: exactly that import fails, named by file and line."""
+    modules = module_files(ROOTS)
+    assert upward_imports(import_edges(modules)) == []
+    planted = tmp_path / "resfl_lightning" / "metrics" / "ufm.py"
+    planted.parent.mkdir(parents=True)
+    source = modules["resfl_lightning.metrics.ufm"].read_text()
+    upward = "from resfl_lightning.federation.orchestrator import Federation"
+    planted.write_text(f"{source}\n\ndef _planted():\n    {upward}\n")
+    modules["resfl_lightning.metrics.ufm"] = planted
+    (bad,) = upward_imports(import_edges(modules))
+    line = len(source.splitlines()) + 4
+    assert describe_upward(bad, tmp_path) == \
+        f"resfl_lightning/metrics/ufm.py:{line}: {upward}  (metrics, layer 2, imports federation, layer 5)"

@@ -21,7 +21,7 @@ tomllib = pytest.importorskip("tomllib", reason="Python >= 3.11 reads pyproject.
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
-# Not config groups: table (the columns), tune (`resfl tune`'s grids), tuned (applied by config/tuned.py)
+# Not config groups: table (the columns), tune (`resfl tune`'s grids), tuned (applied by run_config/tuned.py)
 NOT_GROUPS = ("hydra", "sweeps", "table", "tune", "tuned")
 
 

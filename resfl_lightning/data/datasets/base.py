@@ -71,7 +71,8 @@ class FederatedDataset(Section):
     batch_size: int = setting(16, "training batch size", ge=1)
     loader: LoaderSettings = setting(LoaderSettings(), "DataLoader workers")
     protected_group: int | None = setting(None, "the group the fairness attacks protect by default: its index, or "
-                                          "its name where the dataset names its groups (data/group_names.py)", ge=0)
+                                          "its name where the dataset names its groups "
+                                          "(run_config/group_names.py)", ge=0)
     quality_skew: QualitySkewSettings | None = setting(None, "scenario=quality_skew (detection data only)")
 
     supports_column_partition: ClassVar[bool] = False  # True for datasets that read a partition column
@@ -87,7 +88,8 @@ class FederatedDataset(Section):
 
     def group_names(self, seed: int) -> tuple[str, ...] | None:
         """The group names in group-id order, read as cheaply as the data allows (a group named by value in the
-        config is resolved against them, data/group_names.py); None: this dataset names its groups by index only."""
+        config is resolved against them, run_config/group_names.py); None: this dataset names its groups by index
+        only."""
         return None
 
     def build(self, seed: int) -> Any:

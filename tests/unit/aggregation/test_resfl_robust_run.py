@@ -68,7 +68,7 @@ def test_a_root_split_is_capped_at_half_the_reserve_with_a_warning():
 
     import numpy as np
 
-    from resfl_lightning.aggregation.root import ServerRoot
+    from resfl_lightning.federation.root import ServerRoot
 
     @dataclasses.dataclass
     class Splits:

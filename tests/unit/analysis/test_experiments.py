@@ -70,10 +70,26 @@ def _small(name: str, tmp_path: Path):
         grid = tmp_path / "frontier.yaml"
         grid.write_text(TINY_FRONTIER)
         return load_experiment(grid), {}
+    if name == "calibration":
+        grid = tmp_path / "calibration.yaml"
+        grid.write_text(TINY_CALIBRATION)
+        return load_experiment(grid), {}
     if name == "methods":
         return load_experiment(registered()[name]), {"methods": ["fedavg"], "seeds": 2, "primary_seeds": 2}
     raise KeyError(name)
 
+
+TINY_CALIBRATION = """_target_: resfl_lightning.analysis.calibration.Calibration
+method: fedavg
+seeds: [0, 1]
+check_seeds: [5]
+clean: [attack=privacy, "attack.enabled=[mia,aia,eod]"]
+attacked: [attack=byzantine]
+fraction: 0.2
+phenomena:
+  group gap: {key: test/delta_eop, at_least: 0.15, sd_at_most: 0.05}
+  attack sensitivity: {key: ba_ad, at_least: 0.5}
+"""
 
 TINY_FRONTIER = "_target_: resfl_lightning.analysis.frontier.Frontier\n" + TINY_GRID.replace(
     "tuning_seeds: [100]", "tuning_seeds: [100, 101]")  # two seeds: a paired interval

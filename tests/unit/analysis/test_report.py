@@ -23,7 +23,7 @@ from resfl_lightning.analysis.report import (
     summary_table,
     write_report,
 )
-from resfl_lightning.callbacks.report_figures import ReportFigures
+from resfl_lightning.analysis.report_figures import ReportFigures
 from resfl_lightning.cli.report import main
 
 ROUNDS, CLIENTS = 5, 3

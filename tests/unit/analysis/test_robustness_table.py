@@ -256,7 +256,7 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
     not hours into a grid."""
     from resfl_lightning.analysis.robustness import train_overrides
     from resfl_lightning.analysis.run_settings import composed_settings
-    from resfl_lightning.config.load import load_config
+    from resfl_lightning.run_config.load import load_config
 
     grid = load_grid()
     cells = {Cell(d, CLEAN, "honest", 0.0) for d in grid["defences"]}

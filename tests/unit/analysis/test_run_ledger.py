@@ -250,3 +250,23 @@ def test_a_run_trained_before_a_tuned_file_existed_is_the_run_use_tuned_false_co
     assert saved_config_mismatch(text, [*preset, "use_tuned=false"]) == []
     now = saved_config_mismatch(text, preset)  # today the tuned file applies
     assert any(line.startswith("optim.lr: ") for line in now) and not any(line.startswith("use_tuned") for line in now)
+
+
+def test_a_run_saved_before_the_attack_classes_moved_is_not_stale():
+    """attack.*._target_ named resfl_lightning.callbacks.* before the attack classes moved to attacks/: a run saved
+    then is the run the same overrides compose now; any other change still counts."""
+    from resfl_lightning.analysis.run_settings import MOVED_TARGETS, saved_config_mismatch
+
+    overrides = ["dataset=adult", "algorithm=fedavg", "attack=[privacy,byzantine]", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings(overrides)
+    old_of = {new: old for old, new in MOVED_TARGETS.items()}
+    moved = 0
+    for node in saved["attack"].values():
+        if isinstance(node, dict) and node.get("_target_") in old_of:
+            node["_target_"], moved = old_of[node["_target_"]], moved + 1
+    assert moved == 5  # mia, aia, update_aia, byzantine, eod
+    assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == []
+    saved["attack"]["byzantine"]["_target_"] = "resfl_lightning.callbacks.robustness.Elsewhere"
+    assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == [
+        "attack.byzantine._target_: resfl_lightning.callbacks.robustness.Elsewhere -> "
+        "resfl_lightning.attacks.robustness_attacks.ByzantineAttack"]

@@ -149,7 +149,7 @@ def test_default_out_keeps_dataset_variants_apart():
 def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: Path):
     from resfl_lightning.analysis.table import algorithm_presets, train_overrides
     from resfl_lightning.attacks.registry import read_attacks, selected
-    from resfl_lightning.config.load import load_config
+    from resfl_lightning.run_config.load import load_config
     from tests.helpers import compose_config
 
     for attack, enabled in (("privacy", ["mia", "aia", "eod"]), ("byzantine", ["byzantine", "eod"])):
@@ -189,7 +189,7 @@ def test_synthetic_table_preset_grows_validation_only(scenario):
 
 
 def test_pareto_labels_never_pile_up():
-    from resfl_lightning.evaluation.pareto import LABEL_SPOTS, place_labels
+    from resfl_lightning.analysis.pareto import LABEL_SPOTS, place_labels
 
     # four methods on one spot: the four sides around it, then nothing (the legend names the fifth)
     spots = place_labels([(0.5, 0.5)] * 5, ["abcdef"] * 5)
@@ -208,7 +208,7 @@ def test_pareto_legend_names_methods_of_either_panel_once():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from resfl_lightning.evaluation.pareto import legend_entries
+    from resfl_lightning.analysis.pareto import legend_entries
 
     fig, axes = plt.subplots(1, 2)
     axes[0].errorbar([0.1], [0.5], fmt="o", label="fedavg")

@@ -44,8 +44,8 @@ def _federation(run_dir: Path, data=None):
 
 def _train(run_dir: Path, rounds: list[dict]) -> dict:
     """RunFiles + AttackScores over hand-made rounds, as a run logs them; returns summary.json."""
-    from callbacks.privacy import AttackScores
     from callbacks.run_files import RunFiles
+    from resfl_lightning.attacks.scores import AttackScores
 
     fed = _federation(run_dir)
     files, scores = RunFiles(run_dir), AttackScores()
@@ -104,7 +104,7 @@ def test_summary_keeps_the_final_rounds_values_and_the_test_majority_rate(tmp_pa
 
 
 def test_aia_ground_truth_box_fallback_is_counted_and_warned(tmp_path: Path):
-    from callbacks.privacy import PrivacyAttacks, earlier_fallback_rounds
+    from resfl_lightning.attacks.privacy_attacks import PrivacyAttacks, earlier_fallback_rounds
     from resfl_lightning.attacks.settings import AiaSettings
 
     attacks = PrivacyAttacks(seed=0)

@@ -27,8 +27,8 @@ from resfl_lightning.analysis.tune import (
 )
 from resfl_lightning.analysis.tune_grid import load_settings
 from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial, with_learned_floor
-from resfl_lightning.config.tuned import load_tuned
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import load_tuned
 
 SEEDS = [120, 121, 122]
 # a cheap constrained method with no shipped Adult tuned file (the tests of first-time tuning need one)
@@ -322,15 +322,18 @@ def test_a_run_composes_to_its_base_trial_and_user_overrides(tmp_path: Path):
 
 
 def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
-    bases = frozen_bases(tmp_path, "adult", ["resfl", UNTUNED], [])
-    assert bases["resfl"] == {"file": "conf/tuned/adult/resfl.yaml",
-                              "overrides": list(load_tuned(conf_dir() / "tuned/adult/resfl.yaml").overrides)}
-    assert bases[UNTUNED] == {"file": None, "overrides": []}  # no shipped Adult file
-    assert frozen_bases(tmp_path, "adult", ["resfl"], ["adversary=paper_minimal"])["resfl"] == bases["resfl"]
+    # the shipped synthetic RESFL file (the default run's) as the base; a method without a synthetic file has none
+    untuned = next(m for m in ("curvfed", *algorithm_presets())
+                   if not (conf_dir() / f"tuned/synthetic/{m}.yaml").exists())
+    bases = frozen_bases(tmp_path, "synthetic", ["resfl", untuned], [])
+    assert bases["resfl"] == {"file": "conf/tuned/synthetic/resfl.yaml",
+                              "overrides": list(load_tuned(conf_dir() / "tuned/synthetic/resfl.yaml").overrides)}
+    assert bases[untuned] == {"file": None, "overrides": []}
+    assert frozen_bases(tmp_path, "synthetic", ["resfl"], ["optim.lr=0.5"])["resfl"] == bases["resfl"]
     other = tmp_path / "other"
     other.mkdir()
-    assert frozen_bases(other, "adult", ["resfl"], ["use_tuned=false"])["resfl"]["overrides"] == []
-    assert frozen_bases(other, "adult", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
+    assert frozen_bases(other, "synthetic", ["resfl"], ["use_tuned=false"])["resfl"]["overrides"] == []
+    assert frozen_bases(other, "synthetic", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
 
 
 def test_the_ledger_carries_the_bases_its_runs_started_from(tmp_path: Path):
@@ -340,17 +343,17 @@ def test_the_ledger_carries_the_bases_its_runs_started_from(tmp_path: Path):
         (tmp_path / machine / "tune_x").mkdir(parents=True)
     run_ledger.use(tmp_path / "ledger")
     try:
-        first = frozen_bases(tmp_path / "a" / "tune_x", "adult", ["resfl"], [])
+        first = frozen_bases(tmp_path / "a" / "tune_x", "synthetic", ["resfl"], [])
         carried = tmp_path / "ledger" / "tune_x" / "bases.json"
         assert json.loads(carried.read_text()) == first
         # another machine: the tuned file has changed since (here: the ledger's copy says resfl started untuned)
         carried.write_text(json.dumps({"resfl": {"file": None, "overrides": []}}))
-        assert frozen_bases(tmp_path / "b" / "tune_x", "adult", ["resfl"], [])["resfl"]["overrides"] == []
+        assert frozen_bases(tmp_path / "b" / "tune_x", "synthetic", ["resfl"], [])["resfl"]["overrides"] == []
         assert json.loads((tmp_path / "b" / "tune_x" / "bases.json").read_text())["resfl"]["file"] is None
     finally:
         run_ledger.use(None)
     # no ledger: the bases come from conf/tuned/ as it is now
-    assert frozen_bases(tmp_path / "c" / "tune_x", "adult", ["resfl"], [])["resfl"] == first["resfl"] != {
+    assert frozen_bases(tmp_path / "c" / "tune_x", "synthetic", ["resfl"], [])["resfl"] == first["resfl"] != {
         "file": None, "overrides": []}
 
 

@@ -10,7 +10,7 @@ import torch
 
 from resfl_lightning.attacks.byzantine import choose_attackers
 from resfl_lightning.federation.state import FlatLayout
-from tests.unit.callbacks.test_attack_wiring import compose_cfg
+from tests.unit.attacks.test_attack_wiring import compose_cfg
 
 
 def _same(a, b) -> bool:

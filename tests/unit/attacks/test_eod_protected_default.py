@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from resfl_lightning.attacks.robustness_attacks import EqualizedOdds
 from resfl_lightning.attacks.targets import minority_group
-from resfl_lightning.callbacks.robustness import EqualizedOdds
 from resfl_lightning.data.tabular import federated_tabular_data
 
 

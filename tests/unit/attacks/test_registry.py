@@ -9,10 +9,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from resfl_lightning.attacks.privacy_attacks import PrivacyAttacks
 from resfl_lightning.attacks.registry import build_attack_callbacks
-from resfl_lightning.callbacks.privacy import AttackScores, PrivacyAttacks
-from resfl_lightning.callbacks.robustness import ByzantineAttack, EqualizedOdds
-from resfl_lightning.callbacks.update_aia import UpdateAttributeInference
+from resfl_lightning.attacks.robustness_attacks import ByzantineAttack, EqualizedOdds
+from resfl_lightning.attacks.scores import AttackScores
+from resfl_lightning.attacks.update_aia_attack import UpdateAttributeInference
 from resfl_lightning.cli.train import CONF_DIR
 from resfl_lightning.config import ConfigError
 from tests.attack_plugin import UpdateNormProbe

@@ -21,8 +21,8 @@ from resfl_lightning.baselines.privfairfl import (
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.losses.fairness import group_mean_distance
+from resfl_lightning.run_config.load import load_config
 from resfl_lightning.types import ClientReport
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import toy_data

@@ -15,12 +15,12 @@ from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.clients.parity_term import ParityTerm
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.losses.evidential import dirichlet_nll
 from resfl_lightning.losses.fairness import group_mean_distance
 from resfl_lightning.losses.parity import prediction_parity_gap
 from resfl_lightning.models.yolo import YoloSpec
 from resfl_lightning.privacy.dp import ClientDP
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config, tiny_batch
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, NUM_GROUPS, toy_data
 

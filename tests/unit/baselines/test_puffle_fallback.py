@@ -26,11 +26,11 @@ from resfl_lightning.clients.parity_rates import (
 from resfl_lightning.clients.parity_term import ParityTerm, dataset_parity_mass
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.federation.checkpoint import ServerState
 from resfl_lightning.losses.parity import detection_parity_gap, parity_gap, prediction_mass
 from resfl_lightning.privacy import gaussian
 from resfl_lightning.privacy.dp import ClientDP, DPSettings, stat_noise_for
+from resfl_lightning.run_config.load import load_config
 from resfl_lightning.types import ClientReport
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, NUM_GROUPS, toy_data

@@ -14,9 +14,9 @@ from resfl_lightning.clients.parity_lambda import LambdaSettings, TunableLambda,
 from resfl_lightning.clients.parity_term import ParityTerm, dataset_parity_gap
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.losses.parity import prediction_parity_gap
 from resfl_lightning.privacy.dp import ClientDP, DPSettings, lambda_noise_for, noise_multiplier_for
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, NUM_GROUPS, toy_data
 

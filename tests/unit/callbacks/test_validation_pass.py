@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from resfl_lightning.baselines.post_calibration import PostCalibration
 from resfl_lightning.baselines.privfairfl import Calibration
 from resfl_lightning.callbacks.evaluation import GlobalEvaluation
-from resfl_lightning.callbacks.post_calibration import PostCalibration
 from resfl_lightning.data.federated import ClientSplitLoaders
 from resfl_lightning.data.partition import ClientSplit, FederatedSplits
 
@@ -71,7 +71,7 @@ def test_privfairfl_post_rescores_the_validation_pass(monkeypatch):
     evaluation.latest = EvaluationPass(4, outputs, {})
     evaluation.validation = EvaluationPass(4, outputs, {})
     cal = Calibration(temperature=1.0, thresholds={0: 0.5, 1: 0.4}, default=0.5)  # group 1's 0.45 becomes a 1
-    monkeypatch.setattr("resfl_lightning.callbacks.post_calibration.fit_post_calibration", lambda *a: cal)
+    monkeypatch.setattr("resfl_lightning.baselines.post_calibration.fit_post_calibration", lambda *a: cal)
     metrics = {"test/accuracy": 0.5, "val/accuracy": 0.5}
     PostCalibration(None, evaluation).on_round_end(_federation(5), 4, [], SimpleNamespace(num_groups=2), metrics)
     assert metrics["val/accuracy"] == metrics["test/accuracy"] == 0.75

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from resfl_lightning.cli.data import gather
-from resfl_lightning.config.load import load_config
 from resfl_lightning.data.facts import SMALL_GROUP_TEST_ITEMS
 from resfl_lightning.data.federated import build_federated_data
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config, write_loans
 
 ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",

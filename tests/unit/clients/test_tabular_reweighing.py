@@ -9,12 +9,12 @@ import torch.nn.functional as F
 
 from resfl_lightning.builders import build_client
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.data.reweighing import split_row_weights
 from resfl_lightning.losses.evidential import dirichlet_nll
 from resfl_lightning.models.tabular import TabularNet
 from resfl_lightning.privacy import bookkeeping
 from resfl_lightning.privacy.dp import DPSettings, prepare_model
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 from tests.unit.clients.test_tabular_client import NUM_FEATURES, make_client, toy_data
 from tests.unit.privacy.test_dp_sgd import dp_of, dp_tabular_client, per_example_grads

@@ -17,11 +17,11 @@ from omegaconf import OmegaConf
 from resfl_lightning import builders
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.fields import matches
-from resfl_lightning.config.load import load_config
 from resfl_lightning.data.adult import read_adult_file
 from resfl_lightning.data.carla import _parse_label_line, load_carla
 from resfl_lightning.data.facet import load_facet
 from resfl_lightning.data.federated import instantiate_dataset
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from resfl_lightning import builders
 from resfl_lightning.config import ConfigError
 from resfl_lightning.config.fields import Section, matches, setting
-from resfl_lightning.config.load import load_config
-from resfl_lightning.config.schema import RunConfig
 from resfl_lightning.data.datasets.base import FederatedDataset
 from resfl_lightning.data.federated import build_federated_data
 from resfl_lightning.data.tabular import federated_tabular_data
+from resfl_lightning.run_config.load import load_config
+from resfl_lightning.run_config.schema import RunConfig
 from tests.helpers import compose_config
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

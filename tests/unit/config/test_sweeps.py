@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resfl_lightning.config.load import load_config
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 
 SWEEPS = sorted((Path(__file__).resolve().parents[3] / "conf" / "sweeps").glob("*.yaml"))

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.builders import build_client, federation_settings
 from resfl_lightning.clients.tabular import TabularClient
-from resfl_lightning.config.load import load_config
 from resfl_lightning.data.datasets.adult import AdultDataset, expected_num_features
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 
 torch.set_num_threads(1)

@@ -100,7 +100,7 @@ def test_scaled_values_multiply_the_composed_value():
 def test_every_trial_of_every_grid_passes_the_config_rules(dataset):
     """A trial the schema or a cross-key rule refuses (e.g. PUFFLE's tunable lambda under DP without a lambda share of
     epsilon) would fail all of its tuning runs; each method's method-specific trials compose and load here."""
-    from resfl_lightning.config.load import load_config
+    from resfl_lightning.run_config.load import load_config
 
     s = load_settings()
     for method in algorithm_presets():

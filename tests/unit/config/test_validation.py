@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config
 
 REPO = Path(__file__).resolve().parents[3]

@@ -174,8 +174,9 @@ def test_occupation_scenario_gives_one_client_per_occupation_without_its_columns
     """scenario=adult_occupation: 14 clients, each holding exactly the rows of one occupation, and the model's inputs
     lose occupation's 14 one-hot columns (the feature-count check used to demand 105)."""
     from resfl_lightning.analysis.run_settings import composed_settings
-    from resfl_lightning.config.load import instantiate, load_config
+    from resfl_lightning.config.load import instantiate
     from resfl_lightning.data.datasets.base import FederatedDataset
+    from resfl_lightning.run_config.load import load_config
 
     cfg = load_config(composed_settings(["dataset=adult", f"dataset.root={adult_dir}", "scenario=adult_occupation"]))
     ds = instantiate(cfg.dataset, FederatedDataset, "dataset")

@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from resfl_lightning.data.partition import (
+    count_from_fraction,
     dirichlet_shards,
     h_tv,
     iid_stratified_shards,
@@ -209,3 +210,12 @@ def test_bad_arguments_raise():
         iid_stratified_shards(np.array([0.5, 1.0]), 2, seed=0)
     with pytest.raises(ValueError, match="duplicates"):
         stratified_split(np.array([0, 0, 1]), g, 0.5, seed=0)
+
+
+def test_count_from_fraction():
+    assert count_from_fraction(4, 0.25) == 1
+    assert count_from_fraction(5, 0.5) == 3  # halves round up
+    assert count_from_fraction(10, 0.35) == 4  # 3.4999999 in floating point still rounds to 4
+    assert count_from_fraction(10, 0.0) == 0
+    with pytest.raises(ValueError, match="fraction"):
+        count_from_fraction(4, 1.5)

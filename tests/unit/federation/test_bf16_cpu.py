@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from resfl_lightning.builders import algorithm_of, build_client
-from resfl_lightning.config.load import load_config
 from resfl_lightning.federation.local import local_train
+from resfl_lightning.run_config.load import load_config
 from tests.federation_helpers import tiny_data
 from tests.helpers import compose_config
 

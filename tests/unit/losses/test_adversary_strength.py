@@ -15,11 +15,11 @@ from resfl_lightning.builders import algorithm_of
 from resfl_lightning.clients.base import AdversarySettings, LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.tabular import TabularClient
 from resfl_lightning.config.errors import ConfigError
-from resfl_lightning.config.load import load_config
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.losses.adversary import Adversary
 from resfl_lightning.losses.grl import dann_coefficient
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.load import load_config
 
 torch.set_num_threads(1)
 FEATURES, GROUPS = 6, 3

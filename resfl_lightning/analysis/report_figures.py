@@ -1,4 +1,5 @@
-"""At the end of a run with W&B on: the offline report's figures (analysis/report.py) logged as images."""
+"""At the end of a run with W&B on: the offline report's figures (report.py) logged as images. `resfl train`
+installs the callback (cli/train.py): the run's own callbacks (builders.py) sit below analysis/ and never import it."""
 
 from __future__ import annotations
 
@@ -18,3 +19,8 @@ class ReportFigures:
         if not fabric.is_global_zero or not loggers:
             return
         log_report_figures(self.run_dir, loggers)
+
+
+def report_figures(cfg) -> list:
+    """The callbacks `resfl train` adds to a run of the validated config `cfg`: ReportFigures when it logs to W&B."""
+    return [ReportFigures(Path(cfg.run_dir))] if cfg.logger.kind == "wandb" else []

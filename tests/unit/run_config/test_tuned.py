@@ -11,12 +11,33 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.run_settings import composed_settings
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.tuned import load_tuned, recorded_path, with_tuned
 from resfl_lightning.resources import conf_dir
+from resfl_lightning.run_config.tuned import load_tuned, recorded_path, with_tuned
 
 REPO = Path(__file__).resolve().parents[3]
 ADULT_RESFL = "conf/tuned/adult/resfl.yaml"
-RESFL_OVERRIDES = yaml.safe_load((REPO / ADULT_RESFL).read_text())["overrides"]  # the frontier's phi and what follows
+# A frontier's kind of selection: a config group (adversary=strong) and two keys. The mechanics are tested on a copy
+# of conf/ holding this file, not on whatever the shipped tuned files select today (a re-tune changes those).
+RESFL_OVERRIDES = ["adversary=strong", "algorithm.lambda_priv=0.3", "optim.lr=0.03"]
+
+
+@pytest.fixture
+def phi_conf(tmp_path, monkeypatch):
+    """conf/ copied, with conf/tuned/adult/resfl.yaml = RESFL_OVERRIDES; every reader of the config folder sees it."""
+    import shutil
+
+    from resfl_lightning.analysis import run_settings
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    (conf / "tuned" / "adult").mkdir(parents=True, exist_ok=True)
+    (conf / "tuned" / "adult" / "resfl.yaml").write_text(
+        yaml.safe_dump({"selected_by": "test", "evidence": [], "overrides": RESFL_OVERRIDES}))
+    for module in ("resfl_lightning.analysis.run_settings", "resfl_lightning.run_config.tuned"):
+        monkeypatch.setattr(f"{module}.conf_dir", lambda: conf)
+    run_settings.clear_composed()
+    yield conf
+    run_settings.clear_composed()
 
 
 def _phi(cfg: dict) -> tuple:
@@ -24,7 +45,7 @@ def _phi(cfg: dict) -> tuple:
     return a["lambda_priv"], a["adversary_steps"], a["adversary_lr"]
 
 
-def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_out():
+def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_out(phi_conf):
     tuned = composed_settings(["dataset=adult"])
     by_hand = composed_settings(["dataset=adult", "use_tuned=false", *RESFL_OVERRIDES])
     assert tuned["tuned_file"] == ADULT_RESFL and by_hand["tuned_file"] is None
@@ -33,7 +54,7 @@ def test_adult_resfl_gets_its_tuned_adversary_and_the_same_config_as_writing_it_
     assert {k: v for k, v in tuned.items() if k not in drop} == {k: v for k, v in by_hand.items() if k not in drop}
 
 
-def test_the_users_own_overrides_win_key_by_key():
+def test_the_users_own_overrides_win_key_by_key(phi_conf):
     assert _phi(composed_settings(["dataset=adult", "adversary=paper_minimal"])) == (0.3, 1, 0.001)
     assert _phi(composed_settings(["dataset=adult", "algorithm.lambda_priv=0.1"])) == (0.1, 5, 0.01)
     mine = ["adversary=paper_minimal", "algorithm.lambda_priv=0.1",
@@ -58,7 +79,7 @@ def test_the_default_run_gets_the_synthetic_tune():
     assert composed_settings(["dataset=synthetic", "use_tuned=false"])["optim"]["lr"] == 0.01
 
 
-def test_an_adult_scenario_selecting_the_dataset_gets_the_adult_file():
+def test_an_adult_scenario_selecting_the_dataset_gets_the_adult_file(phi_conf):
     assert composed_settings(["scenario=adult_occupation"])["tuned_file"] == ADULT_RESFL
 
 
@@ -116,14 +137,14 @@ def test_every_shipped_tuned_file_is_valid_and_names_existing_evidence():
         assert tuned.overrides
 
 
-def test_the_train_app_recomposes_with_the_tuned_file(capsys):
+def test_the_train_app_recomposes_with_the_tuned_file(capsys, phi_conf):
     """cli/train.py apply_tuned, inside a Hydra app context: the config the run builds from is the tuned one."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
     from resfl_lightning.cli.train import apply_tuned
 
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(phi_conf), version_base="1.3"):
         full = compose(config_name="train", overrides=["dataset=adult"], return_hydra_config=True)
         HydraConfig.instance().set_config(full)
         plain = compose(config_name="train", overrides=["dataset=adult"])
@@ -145,8 +166,8 @@ def test_cfg_job_prints_the_tuned_config():
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout
 
-    tuned = OmegaConf.create(printed("dataset=adult"))
-    assert tuned.tuned_file == ADULT_RESFL
-    assert (tuned.algorithm.lambda_priv, tuned.algorithm.adversary_steps) == (0.3, 5)
-    plain = OmegaConf.create(printed("dataset=adult", "use_tuned=false"))
-    assert plain.tuned_file is None and (plain.algorithm.lambda_priv, plain.algorithm.adversary_steps) == (0.1, 1)
+    # the shipped synthetic file (the default run's; test_the_default_run_gets_the_synthetic_tune): lr x 3
+    tuned = OmegaConf.create(printed("dataset=synthetic"))
+    assert tuned.tuned_file == "conf/tuned/synthetic/resfl.yaml" and tuned.optim.lr == 0.03
+    plain = OmegaConf.create(printed("dataset=synthetic", "use_tuned=false"))
+    assert plain.tuned_file is None and plain.optim.lr == 0.01

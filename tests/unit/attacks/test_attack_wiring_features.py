@@ -21,14 +21,14 @@ from resfl_lightning.attacks.outputs import (
 )
 from resfl_lightning.attacks.settings import UpdateAiaSettings
 from resfl_lightning.attacks.targets import ShadowModel, client_dominant_group
-from resfl_lightning.callbacks.update_aia import UpdateAttributeInference
+from resfl_lightning.attacks.update_aia_attack import UpdateAttributeInference
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.federation.orchestrator import FederationSettings
 from resfl_lightning.federation.state import FlatLayout
 from resfl_lightning.models.yolo import YoloSpec
-from tests.unit.callbacks.test_attack_wiring import tiny_detection_data
+from tests.unit.attacks.test_attack_wiring import tiny_detection_data
 
 
 def make_client(seed: int = 0) -> DetectionClient:
@@ -197,7 +197,7 @@ def _run_update_aia(fed, client, rounds, monkeypatch, labels=None):
     """Drive the update-aware AIA callback through `rounds` rounds of random real updates; returns the callback, the
     metrics and the (train, test) arrays handed to the probe."""
     import resfl_lightning.attacks.update_aia as update_aia
-    import resfl_lightning.callbacks.update_aia as callback_module
+    import resfl_lightning.attacks.update_aia_attack as callback_module
 
     if labels is not None:  # evaluation ground truth the test controls: which dominant group each real client has
         monkeypatch.setattr(callback_module, "real_client_labels", lambda data: dict(labels))

@@ -14,13 +14,14 @@ from hydra.core.global_hydra import GlobalHydra
 from resfl_lightning.analysis import compare, run_data
 from resfl_lightning.attacks.base import attack_due
 from resfl_lightning.attacks.byzantine import choose_attackers
+from resfl_lightning.attacks.privacy_attacks import PrivacyAttacks
 from resfl_lightning.attacks.registry import AttackOptions, build_attack_callbacks, read_attacks
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData
+from resfl_lightning.attacks.robustness_attacks import ByzantineAttack, DataPoisoning, EqualizedOdds
+from resfl_lightning.attacks.scores import AttackScores
 from resfl_lightning.attacks.settings import ByzantineSettings, MiaSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import isolated_rng, sample_members, split_reserve
-from resfl_lightning.callbacks.privacy import AttackScores, PrivacyAttacks
-from resfl_lightning.callbacks.robustness import ByzantineAttack, DataPoisoning, EqualizedOdds
-from resfl_lightning.callbacks.update_aia import UpdateAttributeInference
+from resfl_lightning.attacks.update_aia_attack import UpdateAttributeInference
 from resfl_lightning.cli.compare import main as compare_main
 from resfl_lightning.config import ConfigError
 from resfl_lightning.data.detection import Annotations, ArrayImages
@@ -92,9 +93,9 @@ def attack_settings(cfg) -> dict:
     return {a.name: a.settings for a in read_attacks(cfg.attack)[1]}
 
 
-MIA = "resfl_lightning.callbacks.privacy.MembershipInference"
-AIA = "resfl_lightning.callbacks.privacy.AttributeInference"
-BYZANTINE = "resfl_lightning.callbacks.robustness.ByzantineAttack"
+MIA = "resfl_lightning.attacks.privacy_attacks.MembershipInference"
+AIA = "resfl_lightning.attacks.privacy_attacks.AttributeInference"
+BYZANTINE = "resfl_lightning.attacks.robustness_attacks.ByzantineAttack"
 
 
 def test_attack_settings_validation():
@@ -112,9 +113,9 @@ def test_attack_settings_validation():
     with pytest.raises(ConfigError, match=r"attack\.byzantine\.gamma: must be > 0"):
         read_attacks({"byzantine": {"_target_": BYZANTINE, "gamma": 0}})
     with pytest.raises(ConfigError, match=r"attack\.dp\._target_: cannot import"):
-        read_attacks({"dp": {"_target_": "resfl_lightning.callbacks.privacy.NoSuchAttack"}})
+        read_attacks({"dp": {"_target_": "resfl_lightning.attacks.privacy_attacks.NoSuchAttack"}})
     with pytest.raises(ConfigError, match=r"attack\.dp\._target_: .* is not an Attack"):
-        read_attacks({"dp": {"_target_": "resfl_lightning.callbacks.privacy.AttackScores"}})
+        read_attacks({"dp": {"_target_": "resfl_lightning.attacks.scores.AttackScores"}})
     with pytest.raises(ConfigError, match=r"attack\.byzantin: neither an attack"):
         read_attacks({"byzantin": {"fraction": 0.5}})
     with pytest.raises(ConfigError, match=r"attack\.every: must be null or >= 1"):

@@ -1,5 +1,5 @@
-"""PrivFairFL-Post: fit the server-side calibration from the round's reports and re-score the test split (and the
-final validation pass) with it."""
+"""PrivFairFL-Post's callback: fit the server-side calibration from the round's reports and re-score the test split
+(and the final validation pass) with it. PrivFairFLPost.server_callbacks (algorithms/privfairfl.py) installs it."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class PostCalibration:
         evaluation = self.evaluation.evaluation_pass(round_idx)
         if evaluation is None:
             return
-        self.evaluation.attach_decision(round_idx, cal)  # EOD (callbacks/robustness.py) evaluates the same rule
+        self.evaluation.attach_decision(round_idx, cal)  # EOD (attacks/robustness_attacks.py) evaluates the same rule
         passes = [("test", evaluation)]
         validation = self.evaluation.validation_pass(round_idx)
         if validation is not None:  # the rule `resfl tune` selects on is the one the test metrics report

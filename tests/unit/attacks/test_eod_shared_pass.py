@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from resfl_lightning.attacks.robustness_attacks import EqualizedOdds
 from resfl_lightning.callbacks.evaluation import GlobalEvaluation
-from resfl_lightning.callbacks.robustness import EqualizedOdds
 from resfl_lightning.federation.orchestrator import FederationSettings
 from resfl_lightning.metrics.eod import detection_eod
-from tests.unit.callbacks.test_attack_wiring import tiny_detection_data
-from tests.unit.callbacks.test_attack_wiring_features import calibrated, make_client
+from tests.unit.attacks.test_attack_wiring import tiny_detection_data
+from tests.unit.attacks.test_attack_wiring_features import calibrated, make_client
 
 
 class _Counting:

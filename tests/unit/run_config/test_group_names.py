@@ -1,5 +1,5 @@
-"""Groups named by value (resfl_lightning/data/group_names.py): a name becomes the index the loaded data gives that
-group, for dataset=csv, adult, yolo and the MST datasets, in dataset.protected_group and in the attack keys that
+"""Groups named by value (resfl_lightning/run_config/group_names.py): a name becomes the index the loaded data gives
+that group, for dataset=csv, adult, yolo and the MST datasets, in dataset.protected_group and in the attack keys that
 interpolate it; an unknown name is a config error listing the groups; a config naming no group is left untouched,
 so today's presets keep their index."""
 
@@ -14,8 +14,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from resfl_lightning.config import ConfigError
-from resfl_lightning.config.load import load_config
-from resfl_lightning.data.group_names import with_group_indices
+from resfl_lightning.run_config.group_names import with_group_indices
+from resfl_lightning.run_config.load import load_config
 from tests.helpers import compose_config, write_loans, write_tiny_yolo
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

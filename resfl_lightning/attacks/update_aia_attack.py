@@ -1,4 +1,4 @@
-"""Update-aware attribute inference (attack.update_aia; protocol in resfl_lightning/attacks/update_aia.py).
+"""Update-aware attribute inference (attack.update_aia) and its callback; the protocol is update_aia.py.
 
 Each rank summarises the updates of the clients it trains, labelled with the client's dominant training group
 (evaluation ground truth only). Rank 0, the server, trains its shadow clients from each round's global model.
@@ -14,10 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
+from resfl_lightning.attacks.base import Attack, AttackRun, attack_due, write_attack_file
 from resfl_lightning.attacks.outputs import default_head_prefixes
 from resfl_lightning.attacks.settings import UpdateAiaSettings
-from resfl_lightning.attacks.targets import base_data
 from resfl_lightning.attacks.update_aia import (
     ShadowClients,
     applicable,
@@ -26,8 +25,8 @@ from resfl_lightning.attacks.update_aia import (
     update_attribute_inference,
 )
 from resfl_lightning.attacks.update_features import update_features
-from resfl_lightning.callbacks.privacy import write_attack_file
 from resfl_lightning.config import ConfigError
+from resfl_lightning.data.federated import base_data
 
 REAL_KEY, SHADOW_KEY = "update_aia.real", "update_aia.shadow"  # ServerState.extra prefixes
 

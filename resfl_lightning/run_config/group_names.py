@@ -59,8 +59,8 @@ def with_group_indices(cfg: DictConfig) -> DictConfig:
     named = named_groups(cfg)
     if not named:
         return cfg
-    from resfl_lightning.config.load import load_config
     from resfl_lightning.data.federated import instantiate_dataset
+    from resfl_lightning.run_config.load import load_config
 
     checked = load_config(_with(cfg, dict.fromkeys(named)))
     dataset = instantiate_dataset(checked.dataset)

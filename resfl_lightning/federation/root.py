@@ -7,7 +7,8 @@ reserve is already disjoint from every client's train/val split and from the tes
   losses), starting from theta_G with a fresh client state seeded from (run seed, round);
 - evaluates theta_G + delta_i of any update (utility, UFM and its bootstrap SE), as a client evaluates its own.
 Every rank computes the same values from the same seed (no collective). Cost per round: one local training on the
-root split, plus one evaluation per update for the rules that ask for them.
+root split, plus one evaluation per update for the rules that ask for them. A rule asks for it in its `attach`
+(Federation.server_root), so the rules never import the training loop.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import warnings
 import numpy as np
 import torch
 
-from resfl_lightning.attacks.targets import base_data
+from resfl_lightning.data.federated import base_data
+from resfl_lightning.env import seed_all
 from resfl_lightning.federation.local import local_train
-from resfl_lightning.federation.orchestrator import seed_all
 
 _ROOT_STREAM = 0x524F4F54  # separates the root split's draws from other uses of the run seed
 
@@ -38,7 +39,8 @@ def root_indices(reserve: np.ndarray, size: int, seed: int) -> tuple[np.ndarray,
 
 
 class ServerRoot:
-    """Root split + the live client module, used by the server between local training and aggregation."""
+    """Root split + the live client module, used by the server between local training and aggregation (FLTrust,
+    resfl_robust: resfl_lightning/aggregation/)."""
 
     def __init__(self, federation, model, layout, size: int):
         data = base_data(federation.data)

@@ -1,4 +1,5 @@
-"""The whole run's config: every top-level key and section (conf/train.yaml and its groups)."""
+"""The whole run's config: every top-level key and section (conf/train.yaml and its groups), the method and the
+dataset among them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from resfl_lightning.algorithms.base import Algorithm
-from resfl_lightning.config import rules
 from resfl_lightning.config.fields import Section, setting
 from resfl_lightning.config.sections import (
     DebugConfig,
@@ -20,6 +20,7 @@ from resfl_lightning.config.sections import (
     UfmSettings,
 )
 from resfl_lightning.data.datasets.base import FederatedDataset
+from resfl_lightning.run_config import rules
 
 
 @dataclass(kw_only=True)
@@ -31,8 +32,8 @@ class RunConfig(Section):
     run_dir: str = setting(doc="where checkpoints, metrics and exports go")
     resume: bool = setting(False, "continue from run_dir/checkpoints/last.pt")
     progress: bool = setting(True, "rich progress bar")
-    use_tuned: bool = setting(True, "apply conf/tuned/<dataset>/<algorithm>.yaml when it exists (config/tuned.py)")
-    tuned_file: str | None = setting(None, "the tuned file applied to this run (set by config/tuned.py)")
+    use_tuned: bool = setting(True, "apply conf/tuned/<dataset>/<algorithm>.yaml when it exists (run_config/tuned.py)")
+    tuned_file: str | None = setting(None, "the tuned file applied to this run (set by run_config/tuned.py)")
     scenario_name: str = setting("iid", "the data scenario (conf/scenario/) the run was composed with")
     model: ModelConfig = setting(doc="the model group (conf/model/)")
     dataset: FederatedDataset = setting(doc="the dataset: its class in `_target_` (conf/dataset/)")

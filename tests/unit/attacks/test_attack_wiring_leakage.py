@@ -1,5 +1,5 @@
-"""The wired privacy attacks (callbacks/privacy.py: reserve split, shadow model, members from client training sets,
-representation probe) succeed where leakage exists and fall to chance where it does not. A tabular client keeps
+"""The wired privacy attacks (attacks/privacy_attacks.py: reserve split, shadow model, members from client training
+sets, representation probe) succeed where leakage exists and fall to chance where it does not. A tabular client keeps
 this fast; the detection path differs only in feature extraction (test_attack_wiring_features.py)."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from resfl_lightning.attacks.privacy_attacks import PrivacyAttacks
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings, ProbeSettings
-from resfl_lightning.attacks.targets import base_data, train_loader_for
-from resfl_lightning.callbacks.privacy import PrivacyAttacks
+from resfl_lightning.attacks.targets import train_loader_for
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
+from resfl_lightning.data.federated import base_data
 from resfl_lightning.federation.local import local_train
 from resfl_lightning.federation.orchestrator import FederationSettings
 

@@ -1,6 +1,7 @@
-"""Privacy attacks against the global model and the Privacy / Fairness Scores (docs/method.md §6, §7), on rank 0.
+"""Privacy attacks against the global model (docs/method.md §7), on rank 0: attack.mia and attack.aia, and the callback
+that runs them.
 
-The protocols live in resfl_lightning/attacks/privacy.py; this callback decides when (the last round and every
+The protocols live in resfl_lightning/attacks/privacy.py; the callback decides when (the last round and every
 `attack.every` rounds), runs them on rank 0, merges their metrics and writes run_dir/attacks/privacy_round_*.json.
 attack.mia (MembershipInference) and attack.aia (AttributeInference) share one PrivacyAttacks callback, so one
 file holds both. With the weather evaluation on, `condition_metrics` re-runs them on corrupted images.
@@ -9,36 +10,15 @@ file holds both. With the weather evaluation on, `condition_metrics` re-runs the
 from __future__ import annotations
 
 import json
-import math
 import re
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from resfl_lightning.attacks.aia import used_ground_truth_fallback
-from resfl_lightning.attacks.base import Attack, AttackRun, attack_due
+from resfl_lightning.attacks.base import Attack, AttackRun, attack_due, write_attack_file
 from resfl_lightning.attacks.privacy import PrivacyPlan, plan_privacy_attacks, privacy_attacks, weather_privacy_metrics
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.evaluation.weather import ExtraMetrics
-from resfl_lightning.metrics.fairness import fairness_score, privacy_score
-from resfl_lightning.values import finite
-
-
-def write_attack_file(federation, name: str, payload: dict) -> Path:
-    """run_dir/attacks/<name>.json (rank 0 callers only)."""
-    path = Path(federation.settings.run_dir) / "attacks" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def default(o):
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        if isinstance(o, np.generic):
-            return o.item()
-        raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
-
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=default))
-    return path
 
 
 class PrivacyAttacks:
@@ -125,30 +105,3 @@ class AttributeInference(Attack):
         callback = PrivacyAttacks.shared(run)
         callback.aia = settings
         return callback
-
-
-class AttackScores:
-    """score/privacy = (MIA SR + AIA SR)/2 and score/fairness = (|1-DI| + Delta-EOP)/2 in every round that computed
-    their inputs: NaN when an input is undefined there (a final |1-DI| of n/a gives a final Fairness Score of n/a).
-
-    Both SRs are balanced accuracies (RESFL A.4.1). AIA SR is the representation AIA's, or the update-aware AIA's
-    when only that one ran (and applies: under IID shards it is NaN, and there is no score).
-    """
-
-    def on_round_end(self, federation, metrics: dict) -> None:
-        if not federation.fabric.is_global_zero:
-            return
-        mia = metrics.get("attack/mia_success_rate")
-        # the representation AIA's SR, else the update-aware AIA's
-        aia = next((metrics[k] for k in ("attack/aia_success_rate", "attack/update_aia_success_rate") if k in metrics),
-                   None)
-        # Written (NaN when undefined) whenever their inputs were computed this round, so the run's summary never
-        # keeps the score of an earlier round for a final model whose score is undefined (callbacks/run_files.py).
-        if mia is not None or aia is not None:
-            usable = finite(mia) is not None and finite(aia) is not None
-            metrics["score/privacy"] = privacy_score(mia, aia) if usable else math.nan
-        di, eop = metrics.get("test/abs_one_minus_di"), metrics.get("test/delta_eop")
-        if di is not None or eop is not None:
-            usable = finite(di) is not None and finite(eop) is not None
-            metrics["score/fairness"] = (fairness_score(1.0 - float(di), float(eop)) if usable
-                                         else math.nan)

@@ -17,8 +17,9 @@ from resfl_lightning.attacks.base import Attack, AttackRun
 from resfl_lightning.attacks.byzantine_round import ByzantineAttackSettings, ByzantineRound, LabelFlippedData
 from resfl_lightning.attacks.robustness import ByzantineUpdate, PoisonedData
 from resfl_lightning.attacks.settings import EodSettings, PoisoningSettings
-from resfl_lightning.attacks.targets import base_data, minority_group
+from resfl_lightning.attacks.targets import minority_group
 from resfl_lightning.config import ConfigError
+from resfl_lightning.data.federated import base_data
 from resfl_lightning.evaluation.evaluation_pass import eod_from_pass
 
 
