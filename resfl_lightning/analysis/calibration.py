@@ -11,6 +11,7 @@ card's numbers.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import ba_ad, pair_mismatch
+from resfl_lightning.analysis.robustness import at_least, ba_ad, pair_mismatch
 from resfl_lightning.analysis.robustness import run_values as attack_values
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.data.partition import count_from_fraction
@@ -70,7 +71,7 @@ def verdict(t: TTest, p: Phenomenon) -> str:
         return "n/a (fewer than 2 seeds)"
     words = []
     if p.at_least is not None:
-        if t.low >= p.at_least:
+        if at_least(t, p.at_least):
             words.append(f"clears {p.at_least:g}")
         elif t.mean >= p.at_least:
             words.append(f"mean clears {p.at_least:g}, interval does not")
@@ -87,13 +88,14 @@ class Calibration(Experiment):
 
     writer = "resfl experiment calibration"
 
+    @functools.cached_property
     def card(self) -> Card:
         from resfl_lightning.resources import conf_dir
 
         return load_card(self.grid_path or conf_dir() / "table" / "calibration.yaml")
 
     def seeds(self, ctx: Context) -> list[int]:
-        card = self.card()
+        card = self.card
         return card.check_seeds if ctx.options.get("check") else card.seeds
 
     def default_out(self, ctx: Context) -> Path:
@@ -101,19 +103,19 @@ class Calibration(Experiment):
 
     def _common(self, ctx: Context) -> list[str]:
         return [f"dataset={ctx.dataset}", f"scenario={ctx.scenario}", *table_preset(ctx.dataset),
-                f"algorithm={self.card().method}"]
+                f"algorithm={self.card.method}"]
 
     def attack_overrides(self, ctx: Context) -> list[str]:
         """The attacked partner's overrides: round(f/n x n) attackers of n clients sending -(n/f) x their update."""
         from resfl_lightning.analysis.run_settings import composed_settings
 
-        card = self.card()
+        card = self.card
         n = int(composed_settings([*self._common(ctx), *ctx.overrides])["dataset"]["num_clients"])
         f = count_from_fraction(n, card.fraction)
         return [*card.attacked, f"attack.byzantine.fraction={card.fraction}", f"attack.byzantine.gamma={n / f:g}"]
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
-        card, attacked = self.card(), self.attack_overrides(ctx)
+        card, attacked = self.card, self.attack_overrides(ctx)
         runs = []
         for s in self.seeds(ctx):
             for kind, extra in (("clean", card.clean), ("sign_flip", attacked)):
@@ -133,7 +135,7 @@ class Calibration(Experiment):
 
     def values(self, runs: Runs, seeds: list[int]) -> dict[str, dict[int, float | None]]:
         """phenomenon key -> seed -> value (None where the run did not finish or logged none)."""
-        card = self.card()
+        card = self.card
         out: dict[str, dict[int, float | None]] = {p.key: {} for p in card.phenomena}
         for s in seeds:
             clean, attacked = runs.get(f"clean-s{s}"), runs.get(f"sign_flip-s{s}")
@@ -145,7 +147,7 @@ class Calibration(Experiment):
         return out
 
     def report(self, ctx: Context, runs: Runs) -> Report:
-        card, seeds = self.card(), self.seeds(ctx)
+        card, seeds = self.card, self.seeds(ctx)
         values = self.values(runs, seeds)
         which = "check" if ctx.options.get("check") else "calibration"
         lines = [f"# Benchmark calibration: {ctx.dataset}, scenario {ctx.scenario} ({card.method}, {len(seeds)} "

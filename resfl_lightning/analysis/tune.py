@@ -92,10 +92,11 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
             except ConfigError as err:
                 raise ExperimentError(str(err)) from None
             bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}
-    path.write_text(json.dumps(bases, indent=1))
+    text = json.dumps(bases, indent=1)
+    path.write_text(text)
     if ledger_copy is not None:
         ledger_copy.parent.mkdir(parents=True, exist_ok=True)
-        ledger_copy.write_text(path.read_text())
+        ledger_copy.write_text(text)
     return bases
 
 
