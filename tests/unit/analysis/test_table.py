@@ -161,7 +161,7 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
         assert cfg.seed == 7  # the user's overrides come last and win
         # the synthetic table's size preset applies to every method; the scenario's partition survives it
-        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.805
+        assert cfg.model.scale == "pico" and cfg.federation.rounds == 10 and cfg.dataset.val_fraction == 0.75
     adult = train_overrides("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
     assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
     # every conf/algorithm/ preset is a row, in the order the presets fix (fedavg, the baseline, first)
