@@ -102,7 +102,7 @@ class Calibration(Experiment):
         return experiment_out("calibration", ctx, *(["check"] if ctx.options.get("check") else []))
 
     def _common(self, ctx: Context) -> list[str]:
-        return [f"dataset={ctx.dataset}", f"scenario={ctx.scenario}", *table_preset(ctx.dataset),
+        return [f"dataset={ctx.dataset}", f"scenario={ctx.scenario}", *table_preset(ctx.dataset, ctx.overrides),
                 f"algorithm={self.card.method}"]
 
     def attack_overrides(self, ctx: Context) -> list[str]:

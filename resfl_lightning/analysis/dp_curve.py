@@ -136,7 +136,7 @@ def curve_points(grid: CurveGrid) -> list[CurvePoint]:
 def run_overrides(grid: CurveGrid, point: CurvePoint, dataset: str, scenario: str, seed: int, run_dir: Path,
                   overrides: list[str]) -> list[str]:
     """One run's Hydra overrides: the common ones, the point's, then the user's (which win)."""
-    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *point.overrides(grid),
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides), *point.overrides(grid),
             f"seed={seed}", f"attack={grid.attack}", f"run_dir={run_dir}", "logger=none", "progress=false",
             *overrides]
 

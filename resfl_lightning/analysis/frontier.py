@@ -138,7 +138,7 @@ def run_overrides(grid: Grid, point: Point, dataset: str, scenario: str, seed: i
                   overrides: list[str]) -> list[str]:
     """One run's Hydra overrides: the common ones, the point's, then the user's (which win). Every run evaluates
     the final model on the validation union (the rule's val/* metrics)."""
-    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *point.overrides(grid),
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides), *point.overrides(grid),
             f"seed={seed}", "attack=privacy", f"attack.enabled=[{','.join(grid.attacks)}]", f"run_dir={run_dir}",
             "logger=none", "progress=false", "eval.final_validation=true",
             *([] if grid.use_tuned else ["use_tuned=false"]), *overrides]

@@ -139,7 +139,8 @@ def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: i
                     overrides: list[str], run_dir: Path | None = None) -> list[str]:
     """The Hydra overrides of one run of the cell; it lives in run_dir_for(out, cell, seed) unless `run_dir` says."""
     rd = run_dir_for(out, cell, seed) if run_dir is None else run_dir
-    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *cell_overrides(grid, cell),
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides),
+            *cell_overrides(grid, cell),
             *pinned_overrides(grid, dataset, cell), f"seed={seed}", f"run_dir={rd}", "logger=none", "progress=false",
             *overrides]
 

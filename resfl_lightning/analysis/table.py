@@ -82,15 +82,18 @@ def run_dir_for(out: Path, method: str, seed: int, attack: str = "privacy") -> P
 PRIVACY_ATTACKS = "attack.enabled=[mia,aia,eod]"
 
 
-def table_preset(dataset: str) -> list[str]:
-    """`experiment=table_<dataset>` when conf/experiment/ has it: the size the table trains that dataset at."""
+def table_preset(dataset: str, overrides: list[str] = ()) -> list[str]:
+    """`experiment=table_<dataset>` when conf/experiment/ has it (the size the table trains that dataset at), unless
+    the user's overrides choose an experiment themselves (e.g. experiment=table_synthetic_v1, a retired preset)."""
+    if any(o.startswith("experiment=") for o in overrides):
+        return []
     return [f"experiment=table_{dataset}"] if (conf_dir() / "experiment" / f"table_{dataset}.yaml").is_file() else []
 
 
 def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
                     overrides: list[str]) -> list[str]:
     """The Hydra overrides of one table run: the common ones, the method's, then the user's (which win)."""
-    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), *method_overrides(method),
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides), *method_overrides(method),
             f"seed={seed}", f"attack={attack}", *([PRIVACY_ATTACKS] if attack == "privacy" else []),
             f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
 

@@ -61,10 +61,10 @@ def run_dir_for(out: Path, method: str, trial: int, seed: int) -> Path:
     return out / f"{method}-t{trial}-s{seed}"
 
 
-def common_overrides(dataset: str, scenario: str, method: str) -> list[str]:
+def common_overrides(dataset: str, scenario: str, method: str, user: list[str] = ()) -> list[str]:
     # attack=none: the rule reads no attack metric. use_tuned=false: the frozen base stands in for the tuned file.
     # eval.final_validation: the val/* metrics the rule selects on.
-    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset), f"algorithm={method}",
+    return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, user), f"algorithm={method}",
             "attack=none", "eval.final_validation=true", "logger=none", "progress=false", f"{SWITCH}=false"]
 
 
@@ -73,7 +73,8 @@ def run_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: 
     """One tuning run: the common overrides, the base (minus the keys the trial sets), the trial, then the user's."""
     keys = {override_key(o) for o in trial}
     kept = [o for o in base if override_key(o) not in keys]
-    return [*common_overrides(dataset, scenario, method), f"seed={seed}", f"run_dir={run_dir}", *kept, *trial, *user]
+    return [*common_overrides(dataset, scenario, method, user), f"seed={seed}", f"run_dir={run_dir}", *kept, *trial,
+            *user]
 
 
 def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -> dict[str, dict]:
@@ -368,7 +369,7 @@ class Tune(Experiment):
         # the reference presets run too (trial 0 only) when their method is not tuned here
         reference_only = [m for m in settings.reference_methods(methods) if m not in methods]
         bases = frozen_bases(out, ctx.dataset, [*methods, *reference_only], ctx.overrides)
-        run_trials = {m: trials_as_run(grids[m], [*common_overrides(ctx.dataset, ctx.scenario, m),
+        run_trials = {m: trials_as_run(grids[m], [*common_overrides(ctx.dataset, ctx.scenario, m, user),
                                                   *bases[m]["overrides"], *user]) for m in methods}
         run_trials |= {m: [[]] for m in reference_only}
         return {"settings": settings, "methods": methods, "seeds": seeds, "k": k, "user": user, "grids": grids,

@@ -39,6 +39,7 @@ _CLOTHING = (
     (25, 25, 30), (235, 235, 235), (40, 55, 110), (70, 100, 160), (160, 30, 35), (120, 120, 125), (190, 170, 120),
     (40, 100, 55), (95, 60, 40), (210, 150, 40), (120, 50, 130), (230, 120, 150),
 )
+_DARK_CLOTHING = ((25, 25, 30), (35, 35, 45), (40, 45, 70), (55, 40, 30), (30, 50, 35))  # near-black, navy, brown
 _HAIR = ((22, 18, 16), (50, 35, 25), (95, 62, 35), (200, 170, 110), (150, 150, 150), (120, 55, 30))
 
 
@@ -62,6 +63,11 @@ class SyntheticSceneConfig:
     """c in [0, 1]: P(dim) = (1-c) dim_probability + c * mean darkness of the scene's persons, darkness = (MST-1)/9;
     likewise P(dark background behind a person) = (1-c) dark_background_probability + c * darkness."""
     dark_background_probability: float = 0.15
+    dim_correlation: float | None = None
+    """c for P(dim) alone (None: dark_dim_correlation). 0 keeps scene lighting independent of tone, so lighting is no
+    side channel of the attribute."""
+    background_correlation: float | None = None
+    """c for P(dark background) alone (None: dark_dim_correlation)."""
     bright_range: tuple[float, float] = (0.85, 1.15)
     dim_range: tuple[float, float] = (0.2, 0.4)
     noise_std: float = 3.0
@@ -71,6 +77,16 @@ class SyntheticSceneConfig:
     """Share of clutter shapes drawn in skin-swatch colours (the rest: clothing-like or random colours)."""
     occluder_probability: float = 0.3
     """P(a foreground occluder — car, bush or post — drawn over the persons)."""
+    short_sleeve_probability: float = 0.5
+    """P(bare forearms): more visible skin makes the tone a property of the person's appearance."""
+    shorts_probability: float = 0.25
+    """P(bare lower legs)."""
+    sleeveless_probability: float | None = None
+    """P(bare upper arms as well: a sleeveless top), drawn only when set (None: never, the legacy draws)."""
+    dark_clothing_probability: float | None = None
+    """P(a person dresses in dark colours), independent of tone (None: every clothing colour equally likely). In dark
+    clothes against a dark backdrop or in a dim scene a person is seen by the skin alone, so darker tones are harder
+    to detect there without tone being correlated with anything around the person."""
     min_box_size: int = 4
     """Visible boxes narrower or shorter than this many pixels are dropped."""
 
@@ -93,9 +109,11 @@ class SyntheticSceneConfig:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
         for name in ("dim_probability", "dark_dim_correlation", "dark_background_probability",
-                     "skin_clutter_probability", "occluder_probability"):
+                     "skin_clutter_probability", "occluder_probability", "short_sleeve_probability",
+                     "shorts_probability", "dim_correlation", "background_correlation",
+                     "dark_clothing_probability", "sleeveless_probability"):
             value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         for name in ("bright_range", "dim_range"):
             lo, hi = getattr(self, name)
@@ -297,14 +315,18 @@ def _sample_person(rng: np.random.Generator, cfg: SyntheticSceneConfig, horizon:
     cx = rng.uniform(-0.1 * s, 1.1 * s)
     feet = min(horizon + h * rng.uniform(0.35, 1.3), s + 0.2 * h)  # farther persons stand nearer the horizon
     skin = np.asarray(MST_RGB[mst - 1], float) * rng.uniform(0.92, 1.04) * rng.uniform(0.97, 1.03, 3)
+    sleeveless = cfg.sleeveless_probability is not None and bool(rng.random() < cfg.sleeveless_probability)
+    palette = _CLOTHING
+    if cfg.dark_clothing_probability is not None and rng.random() < cfg.dark_clothing_probability:
+        palette = _DARK_CLOTHING
     params = {
         "skin": tuple(int(v) for v in np.clip(skin, 0, 255)),
-        "top": _jitter(rng, _CLOTHING[rng.integers(len(_CLOTHING))], 0.12),
-        "bottom": _jitter(rng, _CLOTHING[rng.integers(len(_CLOTHING))], 0.12),
+        "top": _jitter(rng, palette[rng.integers(len(palette))], 0.12),
+        "bottom": _jitter(rng, palette[rng.integers(len(palette))], 0.12),
         "hair": _jitter(rng, _HAIR[rng.integers(len(_HAIR))], 0.1),
         "shoes": _jitter(rng, (35, 30, 30), 0.3),
-        "short_sleeves": bool(rng.random() < 0.5),
-        "shorts": bool(rng.random() < 0.25),
+        "short_sleeves": bool(rng.random() < cfg.short_sleeve_probability),
+        "shorts": bool(rng.random() < cfg.shorts_probability),
         "hat": bool(rng.random() < 0.15),
         "width": rng.uniform(0.85, 1.15),
         "arm": rng.uniform(np.radians(4), np.radians(40), 2),
@@ -315,6 +337,7 @@ def _sample_person(rng: np.random.Generator, cfg: SyntheticSceneConfig, horizon:
         "bg_w": rng.uniform(0.55, 0.95),
         "bg_top": rng.uniform(1.05, 1.35),
         "bg_color": tuple(int(v) for v in np.clip(rng.uniform(12, 45) + rng.normal(0, 3, 3), 0, 255)),
+        "sleeveless": sleeveless,
     }
     dark_bg = bool(rng.random() < dark_bg_p)
     return _Person(cx, feet, h, mst, dark_bg, params)
@@ -358,8 +381,8 @@ def _draw_person(canvas: _Canvas, p: _Person, size: int) -> None:
         ex, ey = sx + sgn * np.sin(a) * 0.17 * h, sy + np.cos(a) * 0.17 * h
         b = a - q["elbow"][side]
         hx, hy = ex + sgn * np.sin(b) * 0.16 * h, ey + np.cos(b) * 0.16 * h
-        lay.line((sx, sy), (ex, ey), arm_w, top_c)
-        lay.line((ex, ey), (hx, hy), arm_w * 0.85, skin if q["short_sleeves"] else top_c)
+        lay.line((sx, sy), (ex, ey), arm_w, skin if q["sleeveless"] else top_c)
+        lay.line((ex, ey), (hx, hy), arm_w * 0.85, skin if q["short_sleeves"] or q["sleeveless"] else top_c)
         lay.ellipse(hx, hy, 0.03 * h, 0.032 * h, skin)
     # head: face ellipse, hair cap, optional hat
     hy = top + 0.085 * h
@@ -406,6 +429,10 @@ def _draw_occluder(rng: np.random.Generator, canvas: _Canvas, size: int) -> None
     canvas.composite(lay, person=False)
 
 
+def _correlation(own: float | None, cfg: SyntheticSceneConfig) -> float:
+    return cfg.dark_dim_correlation if own is None else own
+
+
 def render_scene(cfg: SyntheticSceneConfig, seed: int, index: int, *, draw_persons: bool = True) -> RenderedScene:
     """Render image `index` of the set generated from `seed` (its own RNG, so independent of the set size).
 
@@ -422,7 +449,7 @@ def render_scene(cfg: SyntheticSceneConfig, seed: int, index: int, *, draw_perso
     n = int(rng.integers(cfg.min_persons, cfg.max_persons + 1))
     msts = rng.choice(10, size=n, p=mst_p) + 1
     darkness = (msts - 1) / 9.0
-    c = cfg.dark_dim_correlation
+    c = _correlation(cfg.background_correlation, cfg)
     persons = [_sample_person(rng, cfg, horizon, int(m), (1 - c) * cfg.dark_background_probability + c * d)
                for m, d in zip(msts, darkness, strict=True)]
     persons.sort(key=lambda p: p.feet)  # far (higher feet) first, so nearer persons occlude them
@@ -439,6 +466,7 @@ def render_scene(cfg: SyntheticSceneConfig, seed: int, index: int, *, draw_perso
     if rng.random() < cfg.occluder_probability:
         _draw_occluder(rng, canvas, s)
 
+    c = _correlation(cfg.dim_correlation, cfg)
     p_dim = (1 - c) * cfg.dim_probability + c * (float(darkness.mean()) if n else cfg.dim_probability)
     dim = bool(rng.random() < p_dim)
     light = float(rng.uniform(*(cfg.dim_range if dim else cfg.bright_range)))

@@ -26,6 +26,20 @@ class SyntheticDataset(ImageDataset):
     dim_probability: float = setting(0.3, "P(dim scene) without the correlation", ge=0, le=1)
     dark_background_probability: float = setting(0.6, "P(dark backdrop) without the correlation", ge=0, le=1)
     dim_range: list[float] = setting([0.12, 0.3], "brightness factor range of dim scenes [low, high]")
+    dim_correlation: float | None = setting(None, "dark_dim_correlation for dim scenes alone (null: the same)",
+                                            ge=0, le=1)
+    background_correlation: float | None = setting(None, "dark_dim_correlation for dark backdrops alone (null: the "
+                                                   "same)", ge=0, le=1)
+    min_persons: int = setting(1, "fewest persons drawn in a scene", ge=0)
+    max_persons: int = setting(4, "most persons drawn in a scene", ge=0)
+    min_person_height: float = setting(0.15, "smallest person height, a fraction of the image side", gt=0, le=1.5)
+    max_person_height: float = setting(0.6, "largest person height, a fraction of the image side", gt=0, le=1.5)
+    short_sleeve_probability: float = setting(0.5, "P(bare forearms)", ge=0, le=1)
+    shorts_probability: float = setting(0.25, "P(bare lower legs)", ge=0, le=1)
+    sleeveless_probability: float | None = setting(None, "P(bare upper arms too), drawn only when set (null: "
+                                                   "never)", ge=0, le=1)
+    dark_clothing_probability: float | None = setting(None, "P(a person dresses in dark colours), independent of "
+                                                      "tone (null: every clothing colour equally likely)", ge=0, le=1)
     cache_dir: str | None = setting(".cache/synthetic", "generated scenes are cached here (null: no cache)")
 
     def build(self, seed: int):
@@ -37,7 +51,15 @@ class SyntheticDataset(ImageDataset):
                                          dim_probability=self.dim_probability,
                                          dark_dim_correlation=self.dark_dim_correlation,
                                          dark_background_probability=self.dark_background_probability,
-                                         dim_range=tuple(self.dim_range))
+                                         dim_range=tuple(self.dim_range), dim_correlation=self.dim_correlation,
+                                         background_correlation=self.background_correlation,
+                                         min_persons=self.min_persons, max_persons=self.max_persons,
+                                         min_person_height=self.min_person_height,
+                                         max_person_height=self.max_person_height,
+                                         short_sleeve_probability=self.short_sleeve_probability,
+                                         shorts_probability=self.shorts_probability,
+                                         dark_clothing_probability=self.dark_clothing_probability,
+                                         sleeveless_probability=self.sleeveless_probability)
         extra = self.extra_reserve_images
         # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training. Scene i
         # depends only on (data_seed, i), so the extra reserve scenes leave the first num_images and hence every

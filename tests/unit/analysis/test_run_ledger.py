@@ -270,3 +270,22 @@ def test_a_run_saved_before_the_attack_classes_moved_is_not_stale():
     assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == [
         "attack.byzantine._target_: resfl_lightning.callbacks.robustness.Elsewhere -> "
         "resfl_lightning.attacks.robustness_attacks.ByzantineAttack"]
+
+
+def test_a_run_saved_before_a_key_was_added_matches_only_the_keys_legacy_value():
+    """A synthetic run saved before the generator's knobs were exposed drew its scenes as their legacy values do: it
+    is the run those values compose now, and not a run composed with another value."""
+    from resfl_lightning.analysis.run_settings import ADDED_KEYS, saved_config_mismatch
+
+    preset = ["dataset=synthetic", "algorithm=fedavg", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings(preset)
+    added = [k.split(".", 1)[1] for k in ADDED_KEYS if k.startswith("dataset.")]
+    assert {k: saved["dataset"][k] for k in added} == {k.split(".", 1)[1]: v for k, v in ADDED_KEYS.items()}
+    for key in added:
+        del saved["dataset"][key]
+    text = OmegaConf.to_yaml(OmegaConf.create(saved))
+    assert saved_config_mismatch(text, preset) == []
+    assert saved_config_mismatch(text, [*preset, "dataset.max_persons=6"]) == ["dataset.max_persons: 4 -> 6"]
+    adult = composed_settings(["dataset=adult", "algorithm=fedavg", "seed=0", "run_dir=runs/x"])
+    assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(adult)),
+                                 ["dataset=adult", "algorithm=fedavg", "seed=0", "run_dir=runs/x"]) == []

@@ -161,7 +161,7 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
         assert cfg.dataset.partition == "dirichlet" and cfg.ufm.cohorts == "cluster"
         assert cfg.seed == 7  # the user's overrides come last and win
         # the synthetic table's size preset applies to every method; the scenario's partition survives it
-        assert cfg.model.scale == "pico" and cfg.federation.rounds == 14 and cfg.dataset.val_fraction == 0.805
+        assert cfg.model.scale == "pico" and cfg.federation.rounds == 10 and cfg.dataset.val_fraction == 0.75
     adult = train_overrides("adult", "iid", "fedavg", 0, tmp_path / "a", "privacy", [])
     assert not any(o.startswith("experiment=") for o in adult)  # no preset file: the dataset's own recipe
     # every conf/algorithm/ preset is a row, in the order the presets fix (fedavg, the baseline, first)
@@ -171,13 +171,13 @@ def test_table_privacy_runs_compose_and_attack_what_the_table_reports(tmp_path: 
 
 
 @pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])
-def test_synthetic_table_preset_grows_validation_only(scenario):
-    """520 validation images a client; training shards, test split and reserve as with the earlier 54-image preset
-    (num_images 960, test 0.2, reserve 0.05, val 0.3), so only UFM's precision changes between the two."""
+def test_retired_synthetic_table_preset_grows_validation_only(scenario):
+    """v1: 520 validation images a client; training shards, test split and reserve as with the earlier 54-image
+    preset (num_images 960, test 0.2, reserve 0.05, val 0.3), so only UFM's precision changes between the two."""
     from resfl_lightning.data.partition import make_federated_splits
     from tests.helpers import compose_config
 
-    d = compose_config("experiment=table_synthetic", f"scenario={scenario}").dataset
+    d = compose_config("experiment=table_synthetic_v1", f"scenario={scenario}").dataset
     sizes = {}
     for name, (n, test, reserve, val) in {"now": (d.num_images, d.test_fraction, d.reserve_fraction, d.val_fraction),
                                           "54": (960, 0.2, 0.05, 0.3)}.items():
@@ -186,6 +186,32 @@ def test_synthetic_table_preset_grows_validation_only(scenario):
         sizes[name] = (len(s.test), len(s.reserve), [len(c.train) for c in s.clients], [len(c.val) for c in s.clients])
     assert sizes["now"][:3] == sizes["54"][:3] == (192, 48, [126] * 4)
     assert sizes["now"][3] == [520] * 4 and sizes["54"][3] == [54] * 4
+
+
+@pytest.mark.parametrize("scenario", ["iid", "group_skew", "quality_skew"])
+def test_calibrated_synthetic_preset_sizes(scenario):
+    """docs/benchmark.md: 5 clients of 64 training images (four full batches of 16) and 192 validation images, a
+    test split of 480 and an attack reserve of 20 + 300 extra scenes, whatever the partition."""
+    from resfl_lightning.data.partition import make_federated_splits
+    from tests.helpers import compose_config
+
+    d = compose_config("experiment=table_synthetic", f"scenario={scenario}").dataset
+    groups = np.random.default_rng(0).choice(3, size=d.num_images, p=[0.42, 0.38, 0.2])  # the preset's tone mix
+    s = make_federated_splits(groups, d.num_clients, d.test_fraction, d.reserve_fraction, d.val_fraction, d.partition,
+                              d.dirichlet_alpha, seed=0)
+    assert (len(s.test), len(s.reserve), d.extra_reserve_images) == (480, 20, 300)
+    assert [len(c.train) for c in s.clients] == [64] * 5 and [len(c.val) for c in s.clients] == [192] * 5
+    assert d.batch_size == 16 and not d.augment
+
+
+def test_a_chosen_experiment_replaces_the_table_preset():
+    from resfl_lightning.analysis.table import table_preset, train_overrides
+
+    assert table_preset("synthetic") == ["experiment=table_synthetic"]
+    assert table_preset("synthetic", ["experiment=table_synthetic_v1"]) == []
+    assert table_preset("adult", []) == (["experiment=table_adult"] if table_preset("adult") else [])
+    runs = train_overrides("synthetic", "iid", "fedavg", 0, Path("r"), "none", ["experiment=table_synthetic_v1"])
+    assert [o for o in runs if o.startswith("experiment=")] == ["experiment=table_synthetic_v1"]
 
 
 def test_pareto_labels_never_pile_up():
