@@ -2,7 +2,8 @@
 
 summary.json holds the final round's values only: a metric the final round did not compute, or computed as NaN, is
 null there with its reason under `missing_reasons`, never a value carried over from an earlier round (a Fairness
-Score of round 10 must not stand for a final model whose |1-DI| is undefined).
+Score of round 10 must not stand for a final model whose |1-DI| is undefined). With metrics.min_group_size > 1 it
+also names the groups the final evaluation left out of the group metrics (`test/groups_excluded`: name -> units).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from resfl_lightning.callbacks.evaluation import group_names
 from resfl_lightning.metrics.statistics import majority_class_rate
 
 SUMMARY_PREFIXES = ("test/", "val/", "attack/", "score/", "weather/", "dp/")
@@ -25,9 +27,10 @@ def _jsonable(v):
 
 
 class RunFiles:
-    def __init__(self, run_dir: Path, resume: bool = False):
+    def __init__(self, run_dir: Path, resume: bool = False, evaluation=None):
         self.run_dir = Path(run_dir)
         self.resume = resume
+        self.evaluation = evaluation  # the run's GlobalEvaluation: which groups its passes left out
         self.summary: dict[str, float] = {}
         self.final: dict[str, float] = {}  # the summary metrics of the latest round logged
         self.final_round: int | None = None
@@ -73,6 +76,8 @@ class RunFiles:
             return
         self.summary.update(final_summary(self.final, self.final_round, self.last_seen))
         self.summary.update(self._mean_timings())
+        if self.evaluation is not None:
+            self.summary.update(self.evaluation.groups_excluded(group_names(federation.data)))
         for split in ("test", "val"):
             majority = classification_majority_rate(federation.data, split)
             if majority is not None:

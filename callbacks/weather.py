@@ -17,6 +17,8 @@ import time
 import warnings
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.weather import (
     MODES,
@@ -35,13 +37,14 @@ class WeatherEvaluation:
     """Weather table of the global model at the last round (and every `every` rounds); `extra` adds metrics."""
 
     def __init__(self, run_dir: Path, every: int | None = None, seed: int = 0, mode: str = "auto",
-                 extra: ExtraMetrics | None = None, privacy=None):
+                 extra: ExtraMetrics | None = None, privacy=None, min_group_size: int = 1):
         if every is not None and int(every) < 1:
             raise ConfigError(f"eval.weather_every: must be null or >= 1, got {every}")
         if mode not in MODES:
             raise ConfigError(f"eval.weather_mode: must be one of {MODES}, got {mode!r}")
         self.run_dir, self.every, self.seed, self.mode, self.extra = Path(run_dir), every, int(seed), mode, extra
         self.privacy = privacy  # a PrivacyAttacks callback: per-condition attacks (synthetic mode only)
+        self.min_group_size = int(min_group_size)  # metrics.min_group_size, applied to each condition's images
         self.rows: list[dict] = []
 
     @classmethod
@@ -52,7 +55,8 @@ class WeatherEvaluation:
                               f"{cfg.dataset.name!r} is a {cfg.dataset.task} task")
         ev = cfg.eval
         return cls(run_dir, every=ev.weather_every, seed=ev.weather_seed, mode=ev.weather_mode,
-                   privacy=privacy if ev.weather_privacy else None)
+                   privacy=privacy if ev.weather_privacy else None,
+                   min_group_size=OmegaConf.select(cfg, "metrics.min_group_size", default=1))  # 1: keys before it
 
     def due(self, round_idx: int, rounds: int) -> bool:
         return round_idx == rounds - 1 or (self.every is not None and (round_idx + 1) % int(self.every) == 0)
@@ -75,7 +79,7 @@ class WeatherEvaluation:
         if self.privacy is not None and mode == "synthetic":
             extras.append(self.privacy.condition_metrics(federation, model, round_idx, self.seed))
         self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode,
-                                     extra=_merged(extras) if extras else None)
+                                     extra=_merged(extras) if extras else None, min_group_size=self.min_group_size)
         metrics.update(weather_metrics(self.rows))
         write_weather_json(self.run_dir / "weather.json", self.rows, round=round_idx, seed=self.seed, split="test",
                            mode=mode, privacy=any(r.get("privacy_score") is not None for r in self.rows))

@@ -133,7 +133,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm, extra:
     from resfl_lightning.callbacks.run_files import RunFiles
     from resfl_lightning.callbacks.weather import WeatherEvaluation
 
-    evaluation = GlobalEvaluation(every=cfg.eval.every, final_validation=cfg.eval.final_validation)
+    evaluation = GlobalEvaluation(every=cfg.eval.every, final_validation=cfg.eval.final_validation,
+                                  min_group_size=cfg.metrics.min_group_size)
     attacks = build_attack_callbacks(cfg, evaluation)
     privacy = None
     if attacks:
@@ -148,7 +149,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, algorithm: Algorithm, extra:
         from resfl_lightning.callbacks.export import ExportModel
 
         cbs.append(ExportModel(run_dir, weights=cfg.export.weights))
-    cbs += [*extra, RunFiles(run_dir=run_dir, resume=cfg.resume), RichProgress(enabled=cfg.progress)]
+    cbs += [*extra, RunFiles(run_dir=run_dir, resume=cfg.resume, evaluation=evaluation),
+            RichProgress(enabled=cfg.progress)]
     return cbs
 
 

@@ -127,7 +127,8 @@ def load_claims(path: Path | None = None) -> list[Claim]:
 @dataclass
 class SeedRecord:
     """What one (method, seed) gives the table: each column's value or, when None, why; whether the run failed or
-    fell below the utility floor; FATE's inputs (utility, EO); whether its final AIA probed ground-truth boxes."""
+    fell below the utility floor; FATE's inputs (utility, EO); whether its final AIA probed ground-truth boxes; the
+    groups its group metrics left out (name -> units in the test split)."""
 
     values: dict[str, float | None] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -135,6 +136,7 @@ class SeedRecord:
     floor: str | None = None
     fate_inputs: tuple[float | None, float | None] = (None, None)
     aia_fallback: bool = False
+    groups_excluded: dict[str, int] = field(default_factory=dict)  # test groups below metrics.min_group_size
 
 
 def failed_record(message: str) -> SeedRecord:

@@ -130,6 +130,7 @@ def seed_record(out: Path, method: str, seed: int, columns: list[Column], attack
     summary = runs.run.summary
     record.floor = below_utility_floor(summary, settings.map50_floor)
     record.aia_fallback = summary.get("attack/aia_gt_box_fallback") == 1.0
+    record.groups_excluded = dict(summary.get("test/groups_excluded") or {})
     return record
 
 
@@ -198,12 +199,17 @@ def legend_lines(cells: dict[str, dict[str, Cell]], columns: list[Column], setti
 
 
 def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column]) -> list[str]:
-    """Per method: failed runs, runs below the utility floor, seeds without a value, AIA ground-truth-box fallbacks."""
+    """Per method: failed runs, runs below the utility floor, seeds without a value, AIA ground-truth-box fallbacks,
+    groups left out of the group metrics (metrics.min_group_size)."""
     lines = []
     for method, seeds in records.items():
         failed = {s: r.failed for s, r in seeds.items() if r.failed is not None}
         below = {s: r.floor for s, r in seeds.items() if r.failed is None and r.floor is not None}
         fallback = [s for s, r in seeds.items() if r.failed is None and r.aia_fallback]
+        excluded: dict[str, list[int]] = {}
+        for s, r in seeds.items():
+            if r.failed is None and r.groups_excluded:
+                excluded.setdefault(", ".join(f"{g} ({n})" for g, n in r.groups_excluded.items()), []).append(s)
         for s, why in failed.items():
             lines.append(f"- {method}, seed {s}: failed: {why}")
         for s, why in below.items():
@@ -211,6 +217,9 @@ def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column])
         if fallback:
             lines.append(f"- {method}, seeds {fallback}: the final AIA matched too few persons and probed the "
                          "ground-truth person boxes instead (attack.aia.min_matched)")
+        for groups, which in excluded.items():
+            lines.append(f"- {method}, seeds {which}: groups left out of every group metric (fewer units in the test "
+                         f"split than metrics.min_group_size): {groups}")
         for c in columns:
             missing: dict[str, list[int]] = {}
             for s, r in seeds.items():

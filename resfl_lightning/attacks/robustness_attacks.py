@@ -113,15 +113,22 @@ class EqualizedOdds(Attack):
     def on_fit_start(self, federation) -> None:
         g = base_data(federation.data).num_groups
         if self.protected is None:  # a dataset without a declared protected group (dataset=csv / yolo default)
-            self.protected = minority_group(federation.data)
+            kept = getattr(self.evaluation, "min_group_size", 1)  # a group the metrics leave out cannot be measured
+            self.protected = minority_group(federation.data, min_test_size=kept)
             if federation.fabric.is_global_zero:
-                print(f"attack.eod: protected group {self.protected}, the smallest group of the data "
+                among = f" measured on the test split (metrics.min_group_size={kept})" if kept > 1 else ""
+                print(f"attack.eod: protected group {self.protected}, the smallest group of the data{among} "
                       "(dataset.protected_group=null)", flush=True)
         for key, value in (("protected_group", self.protected), ("unprotected_group", self.unprotected)):
             if value is not None and not 0 <= value < g:
                 raise ConfigError(f"attack.eod.{key}={value} is not a group of this dataset (0..{g - 1})")
         if self.unprotected == self.protected:
             raise ConfigError(f"attack.eod.unprotected_group equals protected_group ({self.protected})")
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:
+            warnings.warn(f"EOD undefined on the test split: {why}", stacklevel=3)
+            self._warned = True
 
     def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
         if not federation.fabric.is_global_zero:
@@ -131,13 +138,16 @@ class EqualizedOdds(Attack):
         evaluated = self.evaluation.evaluation_pass(round_idx)
         if evaluated is None:
             return  # only on rounds where the global evaluation ran
+        left_out = [g for g in (self.protected, self.unprotected) if g in evaluated.groups_excluded]
+        if left_out:  # EOD undefined: the group is too small on the test split to be measured
+            self._warn(f"group {left_out[0]} has {evaluated.groups_excluded[left_out[0]]} units in the test split, "
+                       f"fewer than metrics.min_group_size")
+            return
         try:
             res = eod_from_pass(model, evaluated, base_data(federation.data).num_groups, self.protected,
                                 self.unprotected)
         except ValueError as err:  # a side without positives / persons in the test split: EOD undefined, say so once
-            if not self._warned:
-                warnings.warn(f"EOD undefined on the test split: {err}", stacklevel=2)
-                self._warned = True
+            self._warn(str(err))
             return
         metrics["test/eod"] = res.pop("eod")
         metrics.update({f"test/eod_{k}": v for k, v in res.items()})

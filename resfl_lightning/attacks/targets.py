@@ -41,14 +41,20 @@ def isolated_rng(device: torch.device | None = None) -> Iterator[None]:
 
 
 # --- data helpers ------------------------------------------------------------------------------------------------
-def minority_group(data: Any) -> int:
+def minority_group(data: Any, min_test_size: int = 1) -> int:
     """The known group with the fewest items (ties: the lowest id): the protected group of a dataset that declares
-    none (docs/method.md §7)."""
+    none (docs/method.md §7). min_test_size > 1 (metrics.min_group_size): among the groups with at least that many
+    objects in the test split, which the group metrics measure (all groups when none has)."""
     groups = item_groups(data)
-    counts = np.bincount(groups[groups >= 0], minlength=base_data(data).num_groups)
+    num_groups = base_data(data).num_groups
+    counts = np.bincount(groups[groups >= 0], minlength=num_groups)
     present = np.flatnonzero(counts > 0)
     if present.size == 0:
         raise ValueError("no item has a known group: the protected group cannot be chosen")
+    if min_test_size > 1:
+        tested = object_groups(data, base_data(data).splits.test)
+        measured = np.bincount(tested[tested >= 0], minlength=num_groups) >= min_test_size
+        present = present[measured[present]] if measured[present].any() else present
     return int(present[np.argmin(counts[present])])
 
 

@@ -44,7 +44,7 @@ class PostCalibration:
 
 
 def _calibrated_metrics(model, evaluation, cal, detection: bool) -> dict[str, float]:
-    if detection:
-        preds, gts = evaluation.outputs[0], evaluation.outputs[1]
+    if detection:  # a person's threshold only decides whether it counts as found: the measured gts serve
+        preds, gts = evaluation.measured[0], evaluation.measured[1]
         return calibrated_detection_metrics(preds, gts, cal, model.num_groups, model.ufm.iou_threshold)
-    return calibrated_classification_metrics(evaluation.outputs, cal)
+    return calibrated_classification_metrics(evaluation.outputs, cal, evaluation.groups_excluded)

@@ -19,6 +19,7 @@ sensitive attribute at decision time.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,7 @@ from resfl_lightning.metrics.fairness import (
     group_tpr,
     match_image_groups,
 )
+from resfl_lightning.metrics.group_size import without_groups
 
 EPS = 1e-6
 CALIBRATION_KEY = "calibration"  # ClientReport.extras: a client's PrivFairFL-Post counts and sums
@@ -266,11 +268,14 @@ def _threshold_per(groups: torch.Tensor, cal: Calibration) -> torch.Tensor:
     return thr
 
 
-def calibrated_classification_metrics(pred, cal: Calibration) -> dict[str, float]:
-    """classification_fairness of the calibrated rule: y_hat = 1 iff sigmoid(logit(p1) / T) >= t_group."""
+def calibrated_classification_metrics(pred, cal: Calibration, excluded: Mapping[int, int] | None = None
+                                      ) -> dict[str, float]:
+    """classification_fairness of the calibrated rule: y_hat = 1 iff sigmoid(logit(p1) / T) >= t_group. The rule
+    reads every row's own group; the groups in `excluded` (below metrics.min_group_size) are left out of the
+    group metrics only."""
     c = calibrate_scores(pred.probs[:, 1], cal.temperature)
     y_hat = (c >= _threshold_per(pred.groups.long(), cal)).long()
-    return classification_fairness(pred.y, y_hat, pred.groups)
+    return classification_fairness(pred.y, y_hat, without_groups(pred.groups, excluded))
 
 
 def calibrated_pairs(preds: list[dict], gts: list[dict], cal: Calibration) -> list[tuple[dict, dict]]:
@@ -298,14 +303,19 @@ def calibrated_detection_metrics(preds: list[dict], gts: list[dict], cal: Calibr
 
 
 def calibrated_eod(outputs, cal: Calibration, num_groups: int, protected: int, unprotected: int | None,
-                   iou_threshold: float | None = None) -> dict[str, float]:
+                   iou_threshold: float | None = None, excluded: Mapping[int, int] | None = None
+                   ) -> dict[str, float]:
     """EOD (metrics/eod.py) of the calibrated rule: detection when `outputs` is (preds, gts, ...), else the tabular
-    predictions with y_hat = 1 iff the calibrated p1 reaches its group's threshold."""
+    predictions with y_hat = 1 iff the calibrated p1 reaches its group's threshold. The groups in `excluded` are
+    left out of both sides (a detection person of one is never counted, whatever its threshold)."""
     if isinstance(outputs, tuple):
         preds, gts = outputs[0], outputs[1]
+        if excluded:
+            gts = [{**g, "groups": without_groups(g["groups"], excluded)} for g in gts]
         return detection_eod(calibrated_pairs(preds, gts, cal), num_groups, protected, unprotected,
                              iou_threshold=iou_threshold, score_threshold=cal.default,
                              group_thresholds=group_thresholds(cal, num_groups))
     c = calibrate_scores(outputs.probs[:, 1], cal.temperature)
     y_hat = (c >= _threshold_per(outputs.groups.long(), cal)).long()
-    return classification_eod(outputs.y, y_hat, outputs.groups, num_groups, protected, unprotected)
+    return classification_eod(outputs.y, y_hat, without_groups(outputs.groups, excluded), num_groups, protected,
+                              unprotected)

@@ -106,6 +106,18 @@ class EvalConfig(Section):
 
 
 @dataclass(kw_only=True)
+class MetricsConfig(Section):
+    """How the group metrics are measured on an evaluated split (docs/method.md §6)."""
+
+    section = "metrics"
+
+    min_group_size: int = setting(
+        1, "a group with fewer units (rows; detection: persons) on the evaluated split is left out of every group "
+        "metric of it and named in the summary (1: every group kept, as published runs were measured; 30 advised "
+        "for your own data)", ge=1)
+
+
+@dataclass(kw_only=True)
 class DebugConfig(Section):
     section = "debug"
 

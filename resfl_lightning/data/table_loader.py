@@ -57,6 +57,7 @@ class TableSpec:
     use_sensitive_as_feature: bool = False
     partition_column: str | None = None
     fmt: TableFormat = TableFormat()
+    merge_groups_below: int = 0  # groups with fewer training rows become one group (0: none merged)
 
 
 @dataclass
@@ -146,7 +147,33 @@ def _group_names(parts: list[_Part], train: _Part, spec: TableSpec, fmt: TableFo
     if len(group_names) < 2:
         raise TableError(f"{train.path}: the sensitive column(s) {', '.join(spec.sensitive)} give one group "
                          f"({', '.join(group_names) or 'none'}) in the training rows; fairness needs at least two")
-    return group_names, per_part
+    return merge_rare_groups(group_names, per_part, spec.merge_groups_below, train.path)
+
+
+def merge_rare_groups(group_names: list[str], per_part: list[pd.Series], below: int, path: Path
+                      ) -> tuple[list[str], list[pd.Series]]:
+    """Groups with fewer than `below` rows in the first part (the training file, or the one file before its test
+    rows are drawn) become one group named by their values joined with '+', in the place of the first of them; it
+    takes two rare groups (one alone is left as it is). Before any split, so every split stratifies by the merged
+    group."""
+    counts = per_part[0].value_counts()
+    rare = [n for n in group_names if counts.get(n, 0) < below]
+    if len(rare) < 2:
+        if rare:
+            log.warning("%s: only group %r has fewer than %d training rows (dataset.merge_groups_below): nothing to "
+                        "merge it with, kept as it is", path, rare[0], below)
+        return group_names, per_part
+    merged = "+".join(rare)
+    names = [merged if n == rare[0] else n for n in group_names if n not in rare[1:]]
+    if len(names) < 2:
+        raise TableError(f"{path}: dataset.merge_groups_below={below} merges every group ({', '.join(rare)}) into "
+                         "one; fairness needs at least two")
+    size = int(sum(counts.get(n, 0) for n in rare))
+    log.info("%s: groups with fewer than %d training rows merged into %r (%d rows)", path, below, merged, size)
+    if size < below:
+        log.warning("%s: the merged group %r still has only %d training rows (dataset.merge_groups_below=%d)",
+                    path, merged, size, below)
+    return names, [p.where(~p.isin(rare), merged) for p in per_part]
 
 
 def _group_ids(part: _Part, names: pd.Series, group_names: list[str], fmt: TableFormat, spec: TableSpec

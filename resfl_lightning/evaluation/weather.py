@@ -22,6 +22,7 @@ import numpy as np
 
 from resfl_lightning.data.detection import AnnotatedImages, Annotations
 from resfl_lightning.data.weather import WEATHER_CONDITIONS, WEATHER_INTENSITIES, apply_weather, condition_index
+from resfl_lightning.evaluation.evaluation_pass import kept_test_metrics
 
 MODES = ("auto", "synthetic", "metadata")
 WEATHER_LINES = ("cloud", "rain", "fog")  # one plotted line each, in this order
@@ -120,10 +121,12 @@ def condition_indices(conditions: np.ndarray, indices: np.ndarray) -> list[np.nd
 
 
 def evaluate_weather(model: Any, data: Any, *, indices: Sequence[int] | np.ndarray | None = None, seed: int = 0,
-                     mode: str = "auto", extra: ExtraMetrics | None = None) -> list[dict[str, Any]]:
+                     mode: str = "auto", extra: ExtraMetrics | None = None, min_group_size: int = 1
+                     ) -> list[dict[str, Any]]:
     """One row per condition (WEATHER_CONDITIONS order): condition, intensity, n_images, then model.test_metrics.
 
-    indices defaults to the test split; `extra(condition, intensity, loader)` may add metrics to each row.
+    indices defaults to the test split; `extra(condition, intensity, loader)` may add metrics to each row. A group
+    with fewer persons than min_group_size among a condition's images is left out of that row's group metrics.
     """
     indices = np.asarray(data.splits.test if indices is None else indices, dtype=np.int64)
     if len(indices) == 0:
@@ -137,7 +140,7 @@ def evaluate_weather(model: Any, data: Any, *, indices: Sequence[int] | np.ndarr
         else:
             chosen, loader = indices, weather_loader(data, indices, condition, intensity, seed)
         row: dict[str, Any] = {"condition": condition, "intensity": intensity, "n_images": len(chosen)}
-        row.update({key: float(v) for key, v in model.test_metrics(loader).items()})
+        row.update({key: float(v) for key, v in kept_test_metrics(model, loader, min_group_size).items()})
         if extra is not None:
             row.update({key: float(v) for key, v in extra(condition, intensity, loader).items()})
         rows.append(row)

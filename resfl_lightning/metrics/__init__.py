@@ -1,4 +1,4 @@
-"""Pure metric functions: matching, group rates, DI / EOP / EOD, UFM and cohorts, mAP, FATE."""
+"""Pure metric functions: matching, group rates, DI / EOP / EOD, UFM and cohorts, mAP, FATE, the minimum group size."""
 
 from resfl_lightning.metrics.detection import detection_map, to_torchmetrics
 from resfl_lightning.metrics.fairness import (
@@ -16,6 +16,7 @@ from resfl_lightning.metrics.fairness import (
     privacy_score,
 )
 from resfl_lightning.metrics.fate import fate
+from resfl_lightning.metrics.group_size import small_groups, without_groups
 from resfl_lightning.metrics.matching import match_image, match_pred_gt
 from resfl_lightning.metrics.ufm import (
     ReportedUFM,
@@ -56,8 +57,10 @@ __all__ = [
     "match_pred_gt",
     "privacy_score",
     "reported_ufm",
+    "small_groups",
     "to_torchmetrics",
     "ufm_from_detections",
     "ufm_from_group_evidence",
     "ufm_from_samples",
+    "without_groups",
 ]

@@ -15,6 +15,7 @@ from resfl_lightning.config.sections import (
     FabricConfig,
     FederationConfig,
     LoggerConfig,
+    MetricsConfig,
     ModelConfig,
     OptimSettings,
     UfmSettings,
@@ -45,6 +46,7 @@ class RunConfig(Section):
     ufm: UfmSettings = setting(doc="the UFM protocol")
     export: ExportConfig = setting(ExportConfig(), "the exported model")
     eval: EvalConfig = setting(doc="global and weather evaluation")
+    metrics: MetricsConfig = setting(MetricsConfig(), "the group metrics' minimum group size")
     debug: DebugConfig = setting(DebugConfig(), "fault injection for tests")
     fabric: FabricConfig = setting(doc="processes, devices, precision")
     logger: LoggerConfig = setting(doc="W&B / CSV / none")

@@ -36,6 +36,7 @@ import resfl_lightning.env  # noqa: F401  (must precede ultralytics / wandb impo
 from resfl_lightning.clients.base import FederatedClient
 from resfl_lightning.data.detection import DetectionDataset, detection_collate
 from resfl_lightning.data.weather import condition_index
+from resfl_lightning.evaluation.evaluation_pass import kept_test_metrics
 from resfl_lightning.evaluation.weather import (
     MODES,
     evaluate_weather,
@@ -169,7 +170,9 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
 
     summary: dict = {"checkpoint": str(ckpt), "round": state.round_idx, "settings": asdict(settings),
                      "lambda_priv": client.weights.lambda_priv}
-    summary.update({f"before/test/{k}": float(v) for k, v in client.test_metrics(data.test_loader()).items()})
+    kept = int(cfg.metrics.min_group_size)  # the run's minimum group size, as its own evaluation applied it
+    summary.update({f"before/test/{k}": float(v)
+                    for k, v in kept_test_metrics(client, data.test_loader(), kept).items()})
     indices = finetune_indices(data)
     summary["finetune_images"] = len(indices)
     lr = settings.lr if settings.lr is not None else float(cfg.optim.lr)
@@ -180,7 +183,7 @@ def run_finetune(run_dir: Path, settings: FinetuneSettings, out_dir: Path | None
 
     t0 = time.perf_counter()
     mode = resolve_mode(data, settings.weather_mode)
-    rows = evaluate_weather(client, data, seed=settings.weather_seed, mode=mode)
+    rows = evaluate_weather(client, data, seed=settings.weather_seed, mode=mode, min_group_size=kept)
     summary["time/weather"] = time.perf_counter() - t0
     summary.update(weather_metrics(rows))
     out_dir.mkdir(parents=True, exist_ok=True)

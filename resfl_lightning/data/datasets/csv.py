@@ -60,6 +60,8 @@ class CsvDataset(FederatedDataset):
     sensitive_bins: dict[str, list[float]] = setting({}, "per numeric sensitive column, bin edges [lo, ..., hi)")
     groups: dict[str, list[str | int]] = setting({}, "per sensitive column, its values in group-id order "
                                                  "(default: sorted)")
+    merge_groups_below: int = setting(0, "groups with fewer training rows than this become one group, named by "
+                                      "their values joined with '+' (0: none merged)", ge=0)
     features: list[str] | None = setting(None, "input columns (null: every other column)")
     drop: list[str] = setting([], "columns never used")
     categorical: list[str] | None = setting(None, "categorical feature columns (null: inferred from the values)")
@@ -121,6 +123,7 @@ class CsvDataset(FederatedDataset):
             categories={k: text(v) for k, v in self.categories.items()}, missing=self.missing,
             use_sensitive_as_feature=self.sensitive_as_feature(),
             partition_column=self.partition_column if self.partition == "column" else None,
+            merge_groups_below=self.merge_groups_below,
             fmt=TableFormat(header=self.header, columns=tuple(self.columns or ()), sep=self.sep,
                             comment=self.comment, na_values=tuple(self.na_values)))
 

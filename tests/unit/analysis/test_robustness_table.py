@@ -345,6 +345,11 @@ def test_a_pair_may_differ_in_the_attack_and_the_assumed_f_only():
     assert pair_mismatch(clean, attacked, set()) == ["aggregation.f: 0 -> 2"]
     retuned = {**attacked, "optim": {"lr": 0.01}}
     assert pair_mismatch(clean, retuned, {"aggregation.f"}) == ["optim.lr: 0.03 -> 0.01"]
+    # a key added between the two trainings (run_settings.ADDED_KEYS) pairs at its legacy value only, either way round
+    later = {**attacked, "metrics": {"min_group_size": 1}}
+    assert pair_mismatch(clean, later, {"aggregation.f"}) == pair_mismatch(later, clean, {"aggregation.f"}) == []
+    assert pair_mismatch(clean, {**later, "metrics": {"min_group_size": 30}}, {"aggregation.f"}) == [
+        "metrics.min_group_size: 1 -> 30"]
 
 
 def _fake_grid_runs(out: Path, grid: dict, lr_of) -> None:

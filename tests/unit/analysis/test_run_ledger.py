@@ -279,13 +279,66 @@ def test_a_run_saved_before_a_key_was_added_matches_only_the_keys_legacy_value()
 
     preset = ["dataset=synthetic", "algorithm=fedavg", "seed=0", "run_dir=runs/x"]
     saved = composed_settings(preset)
-    added = [k.split(".", 1)[1] for k in ADDED_KEYS if k.startswith("dataset.")]
-    assert {k: saved["dataset"][k] for k in added} == {k.split(".", 1)[1]: v for k, v in ADDED_KEYS.items()}
+    added = [k for k in ADDED_KEYS if has_key(saved, k)]
+    assert "dataset.max_persons" in added and "metrics.min_group_size" in added
+    assert {k: value_at(saved, k) for k in added} == {k: ADDED_KEYS[k] for k in added}
     for key in added:
-        del saved["dataset"][key]
+        drop_key(saved, key)
     text = OmegaConf.to_yaml(OmegaConf.create(saved))
     assert saved_config_mismatch(text, preset) == []
     assert saved_config_mismatch(text, [*preset, "dataset.max_persons=6"]) == ["dataset.max_persons: 4 -> 6"]
     adult = composed_settings(["dataset=adult", "algorithm=fedavg", "seed=0", "run_dir=runs/x"])
     assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(adult)),
                                  ["dataset=adult", "algorithm=fedavg", "seed=0", "run_dir=runs/x"]) == []
+
+
+def has_key(tree: dict, dotted: str) -> bool:
+    *path, leaf = dotted.split(".")
+    for part in path:
+        tree = tree.get(part, {}) if isinstance(tree, dict) else {}
+    return isinstance(tree, dict) and leaf in tree
+
+
+def value_at(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def drop_key(tree: dict, dotted: str) -> None:
+    """Delete a leaf, and the sections it leaves empty (a section added with the key did not exist before)."""
+    head, _, rest = dotted.partition(".")
+    if rest:
+        drop_key(tree[head], rest)
+        if not tree[head]:
+            del tree[head]
+    else:
+        del tree[head]
+
+
+@pytest.mark.parametrize("dataset", [["dataset=adult"], ["dataset=synthetic"],
+                                     ["dataset=csv", "dataset.path=people.csv", "dataset.target=y",
+                                      "dataset.positive=[1]", "dataset.sensitive=race"]])
+def test_runs_saved_before_the_minimum_group_size_keep_every_group_and_are_not_stale(dataset):
+    """Issue 58's keys (metrics.min_group_size, dataset.merge_groups_below) compose to the values every published run
+    was measured with (every group kept, none merged), so a run saved without them is not stale; one composed with
+    another value is another run."""
+    from resfl_lightning.analysis.run_settings import ADDED_KEYS, saved_config_mismatch
+
+    overrides = [*dataset, "algorithm=fedavg", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings(overrides)
+    assert saved["metrics"] == {"min_group_size": 1} == {"min_group_size": ADDED_KEYS["metrics.min_group_size"]}
+    drop_key(saved, "metrics.min_group_size")
+    assert "metrics" not in saved
+    csv = "merge_groups_below" in saved["dataset"]
+    assert csv == (dataset[0] == "dataset=csv")  # only the CSV loader's own config lists it
+    if csv:
+        assert saved["dataset"]["merge_groups_below"] == ADDED_KEYS["dataset.merge_groups_below"] == 0
+        drop_key(saved, "dataset.merge_groups_below")
+    text = OmegaConf.to_yaml(OmegaConf.create(saved))
+    assert saved_config_mismatch(text, overrides) == []
+    assert saved_config_mismatch(text, [*overrides, "metrics.min_group_size=30"]) == [
+        "metrics.min_group_size: 1 -> 30"]
+    if csv:
+        assert saved_config_mismatch(text, [*overrides, "dataset.merge_groups_below=50"]) == [
+            "dataset.merge_groups_below: 0 -> 50"]

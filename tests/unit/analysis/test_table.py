@@ -355,3 +355,22 @@ def test_results_file_carries_its_provenance(tmp_path: Path):
     machine = next(line for line in lines if line.startswith("- machine: "))
     assert f"{os.cpu_count()} CPUs" in machine
     assert any(line.startswith("- date: 20") for line in lines)
+
+
+def test_the_notes_name_the_groups_a_run_left_out_of_its_group_metrics(tmp_path: Path):
+    """metrics.min_group_size: each run's summary names the test groups it left out; the table's notes say so per
+    method and seed set (a run measured on every group adds no note)."""
+    from resfl_lightning.analysis.columns import load_columns
+    from resfl_lightning.analysis.statistics import load_statistics
+    from resfl_lightning.analysis.table import note_lines, seed_record
+
+    columns, settings = load_columns(), load_statistics()
+    for seed in (0, 1):
+        _write_run(tmp_path / f"fedavg-s{seed}", {"test/accuracy": 0.8, "test/groups_excluded": {"Other": 12}}, 1.0)
+        _write_run(tmp_path / f"resfl-s{seed}", {"test/accuracy": 0.8}, 1.0)
+    records = {m: {s: seed_record(tmp_path, m, s, columns, ["privacy"], settings) for s in (0, 1)}
+               for m in ("fedavg", "resfl")}
+    assert records["fedavg"][0].groups_excluded == {"Other": 12} and records["resfl"][0].groups_excluded == {}
+    notes = [line for line in note_lines(records, columns) if "min_group_size" in line]
+    assert notes == ["- fedavg, seeds [0, 1]: groups left out of every group metric (fewer units in the test split "
+                     "than metrics.min_group_size): Other (12)"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from resfl_lightning.attacks.robustness_attacks import EqualizedOdds
 from resfl_lightning.attacks.targets import minority_group
 from resfl_lightning.data.tabular import federated_tabular_data
+from resfl_lightning.evaluation.evaluation_pass import EvaluationPass
 
 
 def tabular(groups_train: np.ndarray):
@@ -36,3 +38,28 @@ def test_eod_with_null_protected_group_resolves_at_fit_start(capsys):
     eod.on_fit_start(SimpleNamespace(data=data, fabric=SimpleNamespace(is_global_zero=True)))
     assert eod.protected == 2
     assert "smallest group" in capsys.readouterr().out
+
+
+def test_with_a_minimum_group_size_the_protected_default_is_a_group_the_metrics_measure(capsys):
+    """metrics.min_group_size: the smallest group overall (1) has 10 test rows, too few to be measured, so the
+    default protected group is the smallest of the others; when no group is measured, all are candidates."""
+    groups = np.array([1] * 10 + [2] * 60 + [0] * 130 + [0] * 400 + [2] * 300 + [1] * 100)  # test: the first 200
+    data = tabular(groups)
+    assert minority_group(data) == 1
+    assert minority_group(data, min_test_size=30) == 2
+    assert minority_group(data, min_test_size=500) == 1
+    run = SimpleNamespace(settings={}, evaluation=SimpleNamespace(min_group_size=30))
+    eod = EqualizedOdds.build(EqualizedOdds.Settings(protected_group=None), run)
+    eod.on_fit_start(SimpleNamespace(data=data, fabric=SimpleNamespace(is_global_zero=True)))
+    assert eod.protected == 2 and "metrics.min_group_size=30" in capsys.readouterr().out
+
+
+def test_eod_of_a_protected_group_the_metrics_leave_out_is_undefined_and_says_why():
+    evaluated = EvaluationPass(3, None, {}, groups_excluded={1: 10})
+    evaluation = SimpleNamespace(min_group_size=30, evaluation_pass=lambda r: evaluated)
+    eod = EqualizedOdds(protected_group=1, evaluation=evaluation)
+    metrics: dict = {}
+    fed = SimpleNamespace(fabric=SimpleNamespace(is_global_zero=True), data=None)
+    with pytest.warns(UserWarning, match="group 1 has 10 units in the test split, fewer than metrics.min_group_size"):
+        eod.on_round_end(fed, 3, None, metrics)
+    assert metrics == {}
