@@ -217,11 +217,12 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
 
     def take() -> tuple[Path, list[str]] | None:
         with lock:
-            if not waiting or (deadline is not None and time.monotonic() >= deadline):
-                return None
-            names = {rd for rd, _ in waiting}
-            job = next(j for j in scheduled(jobs, finished) if j[0] in names)
-            waiting.remove(job)
+            # Past the deadline only finished runs are taken: they start nothing, only report (and reach the ledger).
+            past = deadline is not None and time.monotonic() >= deadline
+            names = {rd for rd, _ in waiting if not past or rd in finished}
+            job = next((j for j in scheduled(jobs, finished) if j[0] in names), None)
+            if job is not None:
+                waiting.remove(job)
             return job
 
     def work() -> None:

@@ -170,6 +170,32 @@ def test_past_the_start_deadline_no_run_starts_and_the_ones_in_flight_finish(tmp
     assert sorted(started) == sorted(names)
 
 
+def test_finished_runs_are_no_runs_to_start_past_the_deadline(tmp_path: Path, monkeypatch):
+    """A command re-rendering from finished (restored) runs under a deadline that has passed reports them all and
+    raises nothing; an unfinished one still is not started."""
+    started: list[str] = []
+
+    def fake_run_one(overrides, rd):
+        if runner.is_finished(rd):
+            return 0.0
+        started.append(rd.name)
+        return 1.0
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    monkeypatch.setattr(runner, "_START_DEADLINE", None)
+    names = [f"a-s{i}" for i in range(4)]
+    for n in names[:3]:
+        finish(tmp_path / n, 2.0)
+    runner.stop_starting_after(0.001 / 60)
+    time.sleep(0.01)
+    lines: list[str] = []
+    with pytest.raises(runner.StoppedStarting, match="1 of 4 runs not started"):
+        runner.run_jobs([(tmp_path / n, []) for n in names], 2, lines.append)
+    assert started == [] and len(lines) == 3
+    assert runner.run_jobs([(tmp_path / n, []) for n in names[:3]], 2, lines.append) == []
+    runner.stop_starting_after(None)
+
+
 def test_a_start_deadline_must_be_positive():
     with pytest.raises(ValueError, match="stop-starting-after"):
         runner.stop_starting_after(0)
