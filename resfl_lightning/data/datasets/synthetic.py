@@ -42,24 +42,26 @@ class SyntheticDataset(ImageDataset):
                                                       "tone (null: every clothing colour equally likely)", ge=0, le=1)
     cache_dir: str | None = setting(".cache/synthetic", "generated scenes are cached here (null: no cache)")
 
+    def scene_config(self):
+        """The generator's SyntheticSceneConfig for these settings."""
+        from resfl_lightning.data.synthetic import SyntheticSceneConfig
+
+        return SyntheticSceneConfig(
+            image_size=self.image_size, imbalance=self.imbalance, grouping=self.grouping,
+            dim_probability=self.dim_probability, dark_dim_correlation=self.dark_dim_correlation,
+            dark_background_probability=self.dark_background_probability, dim_range=tuple(self.dim_range),
+            dim_correlation=self.dim_correlation, background_correlation=self.background_correlation,
+            min_persons=self.min_persons, max_persons=self.max_persons, min_person_height=self.min_person_height,
+            max_person_height=self.max_person_height, short_sleeve_probability=self.short_sleeve_probability,
+            shorts_probability=self.shorts_probability, dark_clothing_probability=self.dark_clothing_probability,
+            sleeveless_probability=self.sleeveless_probability)
+
     def build(self, seed: int):
         from resfl_lightning.data.federated import FederatedDetectionData, splits_for
         from resfl_lightning.data.mst import num_groups
-        from resfl_lightning.data.synthetic import SyntheticSceneConfig, generate_scenes
+        from resfl_lightning.data.synthetic import generate_scenes
 
-        scene_cfg = SyntheticSceneConfig(image_size=self.image_size, imbalance=self.imbalance, grouping=self.grouping,
-                                         dim_probability=self.dim_probability,
-                                         dark_dim_correlation=self.dark_dim_correlation,
-                                         dark_background_probability=self.dark_background_probability,
-                                         dim_range=tuple(self.dim_range), dim_correlation=self.dim_correlation,
-                                         background_correlation=self.background_correlation,
-                                         min_persons=self.min_persons, max_persons=self.max_persons,
-                                         min_person_height=self.min_person_height,
-                                         max_person_height=self.max_person_height,
-                                         short_sleeve_probability=self.short_sleeve_probability,
-                                         shorts_probability=self.shorts_probability,
-                                         dark_clothing_probability=self.dark_clothing_probability,
-                                         sleeveless_probability=self.sleeveless_probability)
+        scene_cfg = self.scene_config()
         extra = self.extra_reserve_images
         # The scenes are a fixed benchmark (data_seed); the run seed drives the partition and training. Scene i
         # depends only on (data_seed, i), so the extra reserve scenes leave the first num_images and hence every
