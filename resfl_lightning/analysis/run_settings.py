@@ -100,6 +100,10 @@ TRANSFER_KEYS = ("dataset.loader.pin_memory",)
 # Nor the switch that applies a tuned file: what it changes is in the config itself (tuned_file and the keys the file
 # sets), so a run trained at the preset with no tuned file to apply is the run use_tuned=false composes now.
 SWITCH_KEYS = (SWITCH,)
+# Nor the record of which tuned file supplied values (tuned_file): the values are compared key by key, and a pin that
+# sets every key of a file (conf/table/robustness.yaml `pinned:`) leaves nothing of it applied, so the record goes
+# null while the run is the same run.
+RECORD_KEYS = ("tuned_file",)
 # Nor where a class lives: the attack classes moved from callbacks/ to attacks/ (docs/renamed.md), so a run saved
 # with the old `_target_` is the run the new one composes now.
 MOVED_TARGETS = {
@@ -156,7 +160,8 @@ def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
     saved, now = flatten(saved), flatten(now)
     saved = with_legacy_values(saved, now)
-    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in (*TRANSFER_KEYS, *SWITCH_KEYS)]
+    ignored = (*TRANSFER_KEYS, *SWITCH_KEYS, *RECORD_KEYS)
+    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in ignored]
 
 
 def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:

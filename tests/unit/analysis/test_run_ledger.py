@@ -342,3 +342,16 @@ def test_runs_saved_before_the_minimum_group_size_keep_every_group_and_are_not_s
     if csv:
         assert saved_config_mismatch(text, [*overrides, "dataset.merge_groups_below=50"]) == [
             "dataset.merge_groups_below: 0 -> 50"]
+
+
+def test_a_tuned_file_a_pin_covers_entirely_is_the_same_run():
+    """The Adult robustness runs recorded tuned_file conf/tuned/adult/fedavg.yaml; today its one key (optim.lr) is
+    pinned by the grid, so nothing of the file applies and the record is null: the same settings, the same run."""
+    from resfl_lightning.analysis.run_settings import saved_config_mismatch
+
+    overrides = ["dataset=adult", "algorithm=fedavg", "optim.lr=0.1", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings(overrides)
+    saved["tuned_file"] = "conf/tuned/adult/fedavg.yaml"
+    assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == []
+    saved["optim"]["lr"] = 0.03
+    assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == ["optim.lr: 0.03 -> 0.1"]
