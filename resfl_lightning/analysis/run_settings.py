@@ -119,13 +119,16 @@ MOVED_TARGETS = {
 # Nor a key added after the run was saved, where the run behaved as the key's legacy value: a saved config without
 # the key matches a composed one only when the composed value is that legacy value (a run composed with another value
 # is another run). The synthetic benchmark's generator knobs exposed for the calibrated preset (docs/benchmark.md);
-# the group metrics' minimum group size and the CSV loader's merge of rare groups (issue 58: every group was kept).
+# the group metrics' minimum group size and the CSV loader's merge of rare groups (issue 58: every group was kept);
+# the MIA's method and its reference-model knobs (issue 56: every earlier run used the shadow attack, which reads none).
 ADDED_KEYS: dict[str, Any] = {
     "dataset.dim_correlation": None, "dataset.background_correlation": None, "dataset.min_persons": 1,
     "dataset.max_persons": 4, "dataset.min_person_height": 0.15, "dataset.max_person_height": 0.6,
     "dataset.short_sleeve_probability": 0.5, "dataset.shorts_probability": 0.25,
     "dataset.dark_clothing_probability": None, "dataset.sleeveless_probability": None,
     "metrics.min_group_size": 1, "dataset.merge_groups_below": 0,
+    "attack.mia.method": "shadow", "attack.mia.references": 4, "attack.mia.rmia_gamma": 1.0,
+    "attack.mia.rmia_offline_a": 1.0,
 }
 
 

@@ -133,6 +133,16 @@ def mia_features(client: Any, loader: Any, fabric: Any = None, score_threshold: 
     return classification_mia_features(pred.probs, pred.alpha0, pred.losses)
 
 
+def example_confidences(client: Any, loader: Any, fabric: Any = None, score_threshold: float = 0.25) -> np.ndarray:
+    """Per-sample exp(-loss) for the reference-model MIAs: detection, the image's full task loss (detection_outputs);
+    classification, the row's NLL, so this is the probability of the true label."""
+    if is_detection_client(client):
+        losses = detection_outputs(client, loader, fabric, score_threshold)["losses"]
+    else:
+        losses = classification_outputs(client, loader, fabric).losses.double().numpy()
+    return np.exp(-np.asarray(losses, np.float64))
+
+
 @torch.no_grad()
 def representation_features(client: Any, loader: Any, fabric: Any = None, boxes: str = "matched",
                             score_threshold: float = 0.25, min_matched: int = 20) -> dict[str, Any]:

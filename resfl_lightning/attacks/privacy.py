@@ -4,9 +4,11 @@ MIA (black-box, shadow model): the attack reserve is cut (stratified by group, s
 non-members and held-back target non-members. A shadow client trained with the run's recipe on the shadow members
 gives labelled features; the attack (mia.fit_membership_attack) learns and sets its thresholds on them alone and is
 scored on the global model with target members drawn from real client training sets, as many as the held-back
-non-members. Representation AIA: neck features ROI-aligned at the global model's matched detections on the reserve
-images -> the class-balanced MLP probe (70/10/20 inside the reserve) predicting the person's group.
-Privacy Score = (MIA balanced accuracy + AIA balanced accuracy) / 2.
+non-members. attack.mia.method = lira | rmia replaces the shadow by reference models on the shadow rows and scores
+the same target members and non-members per example (attacks/reference_mia.py). Representation AIA: neck features
+ROI-aligned at the global model's matched detections on the reserve images -> the class-balanced MLP probe (70/10/20
+inside the reserve) predicting the person's group.
+Privacy Score = (MIA balanced accuracy + AIA balanced accuracy) / 2 (the shadow MIA's: NaN under lira / rmia).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from resfl_lightning.attacks.mia import (
     fit_membership_attack,
 )
 from resfl_lightning.attacks.outputs import mia_features, representation_features
+from resfl_lightning.attacks.reference_mia import reference_membership_inference
+from resfl_lightning.attacks.references import ReferenceModels
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.attacks.targets import (
     ReserveSplit,
@@ -47,7 +51,7 @@ AIA_SCORES = ("balanced_accuracy", "top1", "macro_f1", "chance_uniform", "chance
 @dataclass
 class PrivacyPlan:
     """What the attacks fixed at the start of the run: which attacks (those with settings), the reserve split, the
-    members, the shadow."""
+    members, the shadow (method shadow) or the reference models (lira / rmia)."""
 
     seed: int
     mia: MiaSettings | None
@@ -55,6 +59,7 @@ class PrivacyPlan:
     split: ReserveSplit | None = None
     members: np.ndarray | None = None
     shadow: ShadowModel | None = None
+    references: ReferenceModels | None = None
 
 
 def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
@@ -71,7 +76,11 @@ def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
                               f"the MIA split {sizes} (need >= {MIN_SHADOW_PER_SIDE} each): raise "
                               "dataset.reserve_fraction or the dataset size")
         plan.members = sample_members(data, sizes["target_nonmembers"], plan.seed)
-        plan.shadow = ShadowModel(federation, plan.split.shadow_members, plan.seed)
+        if mia.method == "shadow":
+            plan.shadow = ShadowModel(federation, plan.split.shadow_members, plan.seed)
+        else:  # the reference pool: the shadow rows, never a target member or held-back non-member
+            pool = np.concatenate([plan.split.shadow_members, plan.split.shadow_nonmembers])
+            plan.references = ReferenceModels(federation, pool, mia.references, plan.seed)
     if aia is not None and hasattr(data, "source") and hasattr(data.source, "annotations"):
         ann = data.source.annotations
         known = int(((ann.groups >= 0) & np.isin(ann.image_index, reserve)).sum())
@@ -84,6 +93,8 @@ def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
 def membership_inference(plan: PrivacyPlan, federation: Any, model: Any, round_idx: int,
                          loader_for: LoaderFor) -> tuple[dict[str, float], dict[str, Any]]:
     """attack/mia_* metrics of the global model after round `round_idx`, and the details for the attack file."""
+    if plan.mia.method != "shadow":
+        return reference_membership_inference(plan, federation, model, round_idx, loader_for)
     t0 = time.perf_counter()
     fabric, tau, split = federation.fabric, plan.mia.score_threshold, plan.split
     shadow = plan.shadow.advance(round_idx + 1)

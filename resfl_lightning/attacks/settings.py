@@ -13,6 +13,8 @@ from resfl_lightning.attacks.byzantine import REPORT_MODES
 from resfl_lightning.attacks.poisoning import MODES
 from resfl_lightning.config import ConfigError
 
+MIA_METHODS = ("shadow", "lira", "rmia")  # shadow: the paper's attack; lira / rmia: reference models (docs §7)
+
 
 @dataclass
 class ProbeSettings:
@@ -33,8 +35,20 @@ class MiaSettings:
     shadow_nonmember_fraction: float = 1 / 3
     score_threshold: float = 0.25  # tau: the post-NMS detections the features describe
     calibration: str = "sigmoid"
+    method: str = "shadow"  # shadow | lira | rmia
+    references: int = 4  # lira / rmia: reference models, in complementary pairs (even)
+    rmia_gamma: float = 1.0  # RMIA: LR(x, z) >= gamma counts z as dominated by x
+    rmia_offline_a: float = 1.0  # RMIA's offline correction of p(x); 1: the plain mean over the references
 
     def __post_init__(self) -> None:
+        if self.method not in MIA_METHODS:
+            raise ConfigError(f"attack.mia.method: must be one of {list(MIA_METHODS)}, got {self.method!r}")
+        if self.references < 2 or self.references % 2:
+            raise ConfigError(f"attack.mia.references: must be even and >= 2 (complementary pairs), got "
+                              f"{self.references}")
+        if not (self.rmia_gamma > 0 and 0 < self.rmia_offline_a <= 1):
+            raise ConfigError(f"attack.mia.rmia_gamma, rmia_offline_a: must be > 0 and in (0, 1], got "
+                              f"{self.rmia_gamma}, {self.rmia_offline_a}")
         a, b = self.shadow_member_fraction, self.shadow_nonmember_fraction
         if not (0 < a and 0 < b and a + b < 1):
             raise ConfigError("attack.mia.shadow_member_fraction, shadow_nonmember_fraction: must be > 0 and sum to "

@@ -355,3 +355,21 @@ def test_a_tuned_file_a_pin_covers_entirely_is_the_same_run():
     assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == []
     saved["optim"]["lr"] = 0.03
     assert saved_config_mismatch(OmegaConf.to_yaml(OmegaConf.create(saved)), overrides) == ["optim.lr: 0.03 -> 0.1"]
+
+
+def test_runs_saved_before_the_mia_method_are_the_shadow_attack_and_not_stale():
+    """Issue 56's keys (attack.mia.method and the reference-model knobs) compose to the shadow attack every published
+    run measured, so a run saved without them is not stale; one composed with lira is another run."""
+    from resfl_lightning.analysis.run_settings import ADDED_KEYS, saved_config_mismatch
+
+    keys = ("attack.mia.method", "attack.mia.references", "attack.mia.rmia_gamma", "attack.mia.rmia_offline_a")
+    overrides = ["dataset=adult", "algorithm=fedavg", "attack=privacy", "seed=0", "run_dir=runs/x"]
+    saved = composed_settings(overrides)
+    assert {k: value_at(saved, k) for k in keys} == {k: ADDED_KEYS[k] for k in keys}
+    assert ADDED_KEYS["attack.mia.method"] == "shadow"
+    for key in keys:
+        drop_key(saved, key)
+    text = OmegaConf.to_yaml(OmegaConf.create(saved))
+    assert saved_config_mismatch(text, overrides) == []
+    assert saved_config_mismatch(text, [*overrides, "attack.mia.method=lira"]) == [
+        "attack.mia.method: shadow -> lira"]

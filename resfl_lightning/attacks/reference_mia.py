@@ -1,0 +1,80 @@
+"""attack.mia.method = lira | rmia (docs/method.md §7): per-example membership scores of the global model against
+reference models (attacks/references.py), scored on the target's members and held-back non-members.
+
+Confidence of a model on an example: exp(-its per-example loss), the loss the MIA's shadow features use (detection:
+the image's full task loss under the detector's criterion; classification: the row's Dirichlet NLL, so exp(-loss) is
+the probability of the true label). LiRA (offline): Phi((phi - mu_out) / sigma_out) with one sigma over every
+example and reference (few references). RMIA: the share of population samples z (the pool) that x dominates, with
+each z's p(z) taken over the references that did not train on it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from resfl_lightning.attacks.membership_scores import lira_offline, rmia_scores
+from resfl_lightning.attacks.mia import tpr_at_fpr
+from resfl_lightning.attacks.outputs import example_confidences
+from resfl_lightning.attacks.references import out_references
+
+REFERENCE_FPRS = (0.001, 0.01)  # the low-FPR regime LiRA / RMIA are judged in: attack/mia_tpr_at_fpr_{0.1,1}
+
+
+def membership_scores(method: str, target: np.ndarray, reference: np.ndarray, population_target: np.ndarray | None,
+                      population_reference: np.ndarray | None, gamma: float = 1.0,
+                      offline_a: float = 1.0) -> np.ndarray:
+    """Per-candidate scores (higher: more likely a member) from OUT reference confidences (K_out, n)."""
+    if method == "lira":
+        return lira_offline(target, reference, global_std=True)
+    if method == "rmia":
+        return rmia_scores(target, reference, population_target, population_reference, gamma=gamma,
+                           offline_a=offline_a)
+    raise ValueError(f"reference membership scores: method must be lira or rmia, got {method!r}")
+
+
+def reference_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict[str, float]:
+    """AUC and TPR at FPR 0.1 / 1 % read on the target's own ROC (no threshold is chosen elsewhere)."""
+    ms, ns = np.asarray(member_scores, np.float64), np.asarray(nonmember_scores, np.float64)
+    labels = np.concatenate([np.ones(ms.size), np.zeros(ns.size)])
+    scores = np.concatenate([ms, ns])
+    out = {"auc": float(roc_auc_score(labels, scores))}
+    out.update({f"tpr_at_fpr_{t * 100:g}": tpr_at_fpr(labels, scores, t) for t in REFERENCE_FPRS})
+    out.update({"n_members": float(ms.size), "n_nonmembers": float(ns.size)})
+    return out
+
+
+def reference_membership_inference(plan: Any, federation: Any, model: Any, round_idx: int,
+                                   loader_for: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """attack/mia_* metrics of the global model after round `round_idx` (lira / rmia), and the attack file's details."""
+    t0 = time.perf_counter()
+    mia, refs, fabric = plan.mia, plan.references, federation.fabric
+    models = refs.advance(round_idx + 1)
+
+    def confidences(items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(target's confidences (n,), OUT references' (K_out, n)) on items."""
+        def conf(client: Any) -> np.ndarray:
+            return example_confidences(client, loader_for(items), fabric, mia.score_threshold)
+        return conf(model), out_references(np.stack([conf(m) for m in models]), refs.trained_mask(items))
+
+    candidates = np.concatenate([plan.members, plan.split.target_nonmembers])
+    target, reference = confidences(candidates)
+    pop_target, pop_reference = confidences(refs.pool) if mia.method == "rmia" else (None, None)
+    scores = membership_scores(mia.method, target, reference, pop_target, pop_reference, mia.rmia_gamma,
+                               mia.rmia_offline_a)
+    n = len(plan.members)
+    result = reference_metrics(scores[:n], scores[n:])
+    details = {
+        "method": mia.method, "target": result, "references": len(models), "reference_rounds": refs.rounds_done,
+        "reference_train_sizes": [len(t) for t in refs.trained_on], "pool_size": len(refs.pool),
+        "out_references_per_candidate": int(reference.shape[0]),
+        "score_means": {"target_members": float(scores[:n].mean()), "target_nonmembers": float(scores[n:].mean())},
+        "split_sizes": {"target_members": n, "target_nonmembers": len(plan.split.target_nonmembers)},
+    }
+    metrics = {f"attack/mia_{k}": float(v) for k, v in result.items()}
+    metrics["attack/mia_references"] = float(len(models))
+    metrics["attack/mia_time"] = time.perf_counter() - t0
+    return metrics, details
