@@ -128,7 +128,7 @@ ADDED_KEYS: dict[str, Any] = {
     "dataset.dark_clothing_probability": None, "dataset.sleeveless_probability": None,
     "metrics.min_group_size": 1, "dataset.merge_groups_below": 0,
     "attack.mia.method": "shadow", "attack.mia.references": 4, "attack.mia.rmia_gamma": 1.0,
-    "attack.mia.rmia_offline_a": 0.3,
+    "attack.mia.rmia_offline_a": 1.0,
 }
 
 

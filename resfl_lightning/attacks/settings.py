@@ -38,7 +38,7 @@ class MiaSettings:
     method: str = "shadow"  # shadow | lira | rmia
     references: int = 4  # lira / rmia: reference models, in complementary pairs (even)
     rmia_gamma: float = 1.0  # RMIA: LR(x, z) >= gamma counts z as dominated by x
-    rmia_offline_a: float = 0.3  # RMIA's offline correction of p(x) (1: the plain mean over the references)
+    rmia_offline_a: float = 1.0  # RMIA's offline correction of p(x); 1: the plain mean over the references
 
     def __post_init__(self) -> None:
         if self.method not in MIA_METHODS:
