@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         readme = with_block(args.readme.read_text(), readme_block(matrix), str(args.readme)) if args.readme else None
     except (ExperimentError, OSError, ValueError) as err:
         raise SystemExit(f"resfl index: {err}") from None
-    if readme is not None:
-        args.readme.write_text(readme)
     body = "\n".join(["# Verdict matrix: the papers' claims on each comparison table", "",
                       "Each cell is the verdict the table's own command wrote (docs/method.md §11) and the paired "
                       "difference to FedAvg with its 95 % Student-t interval (FATE: the ratio of means) over n seeds.",
                       "", *matrix, ""])
     write_results(out, body, portable_command(["resfl", "index", *argv]), time.perf_counter() - start,
                   writer="resfl index")
+    if readme is not None:  # after the header read the commit: the README is outside docs/results
+        args.readme.write_text(readme)
     print(f"wrote {out}" + (f" and the matrix in {args.readme}" if args.readme else ""))
     return 0
