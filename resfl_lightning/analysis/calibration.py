@@ -47,6 +47,7 @@ class Card:
     attacked: list[str]
     fraction: float
     phenomena: list[Phenomenon]
+    paired_sd_factor: float = math.sqrt(2)  # the power lines' paired SD, as a multiple of the method's SD
 
 
 def load_card(path: Path) -> Card:
@@ -55,14 +56,54 @@ def load_card(path: Path) -> Card:
         card = Card(str(raw["method"]), [int(s) for s in raw["seeds"]], [int(s) for s in raw["check_seeds"]],
                     [str(o) for o in raw["clean"]], [str(o) for o in raw["attacked"]], float(raw["fraction"]),
                     [Phenomenon(str(name), str(p["key"]), p.get("at_least"), p.get("sd_at_most"))
-                     for name, p in raw["phenomena"].items()])
+                     for name, p in raw["phenomena"].items()], float(raw.get("paired_sd_factor", math.sqrt(2))))
     except (KeyError, TypeError, AttributeError) as err:
         raise ExperimentError(f"{path}: missing or malformed key {err}") from None
     if set(card.seeds) & set(card.check_seeds):
         raise ExperimentError(f"{path}: the calibration seeds and the check seeds must be disjoint")
+    if not card.paired_sd_factor > 0:
+        raise ExperimentError(f"{path}: paired_sd_factor must be > 0, got {card.paired_sd_factor}")
     if not 0 < card.fraction < 0.5:
         raise ExperimentError(f"{path}: fraction must lie in (0, 0.5), got {card.fraction}")
     return card
+
+
+def power_lines(card: Card, dataset: str, values: dict[str, dict[int, float | None]]) -> list[str]:
+    """What a comparison table on this preset can resolve: per phenomenon, the smallest method − baseline difference
+    detectable at the table's seeds (conf/table/statistics.yaml) and, for each claim on that key with an effect size
+    (conf/table/claims.yaml), the seeds it needs. The paired difference's SD is card.paired_sd_factor x the method's
+    SD across seeds: no other method has run when the card is written."""
+    from resfl_lightning.analysis.statistics import load_claims, load_statistics
+    from resfl_lightning.metrics.statistics import detectable_effect, seeds_for_power
+
+    settings, claims = load_statistics(), load_claims()
+    table_seeds = sorted(set(settings.default_seeds(dataset)))
+    pct = round(100 * settings.power)
+    lines = ["", f"Power of a table on this preset ({pct} % power, two-sided α = {settings.alpha:g}, paired t over "
+             f"seeds; the table's seeds: {' / '.join(map(str, table_seeds))}, conf/table/statistics.yaml). The paired "
+             f"difference's SD is taken as {card.paired_sd_factor:.3g} × {card.method}'s SD across these seeds (two "
+             "independent runs a seed; pairing by seed can only lower it). A claim with an effect size "
+             "(conf/table/claims.yaml) gets the seeds it needs at that effect.", "",
+             "| phenomenon | key | mean | paired SD | " + " | ".join(f"smallest difference at {n} seeds"
+                                                             for n in table_seeds) + " | claims on it |",
+             "| --- | --- | ---: | ---: |" + " ---: |" * len(table_seeds) + " --- |"]
+    for p in card.phenomena:
+        t = t_test([v for v in values[p.key].values() if v is not None])
+        if p.key == BA_AD or t.n < 2:
+            continue
+        sd = card.paired_sd_factor * t.sd
+        smallest = [f"{detectable_effect(n, settings.power, settings.alpha) * sd:.3f}" for n in table_seeds]
+        said = []
+        for claim in (c for c in claims if c.column == p.key):
+            if claim.relative is None:
+                said.append(f"{claim.name} (directional)")
+                continue
+            effect = claim.relative * t.mean
+            needed = seeds_for_power(effect / sd, settings.power, settings.alpha) if sd > 0 else None
+            said.append(f"{claim.name}: {effect:+.3f} needs {needed if needed is not None else '> 100000'} seeds")
+        lines.append(f"| {p.name} | {p.key} | {t.mean:.3f} | {sd:.3f} | " + " | ".join(smallest) + " | "
+                     + ("; ".join(said) or "—") + " |")
+    return lines
 
 
 def verdict(t: TTest, p: Phenomenon) -> str:
@@ -169,6 +210,7 @@ class Calibration(Experiment):
         for s in seeds:
             cells = ["n/a" if values[p.key][s] is None else f"{values[p.key][s]:.3f}" for p in card.phenomena]
             lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        lines += power_lines(card, ctx.dataset, values)
         if runs.failures:
             lines += ["", "Failed runs (re-run the same command to retry them):", "",
                       *[f"- {f}" for f in runs.failures]]

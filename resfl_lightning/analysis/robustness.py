@@ -157,22 +157,14 @@ def assumed_f_keys(grid: dict, defence: str) -> set[str]:
 def pair_mismatch(clean: dict, attacked: dict, assumed_f: set[str]) -> list[str]:
     """The settings other than the attack, the assumed f and where the run lives in which an attacked run's config
     differs from its clean reference's ('key: clean -> attacked'; [] when they pair)."""
-    from resfl_lightning.analysis.run_settings import (
-        LOCATION_KEYS,
-        TRANSFER_KEYS,
-        flatten,
-        settings_diff,
-        with_legacy_values,
-    )
+    from resfl_lightning.analysis.run_settings import LOCATION_KEYS, TRANSFER_KEYS, legacy_aware_diff
 
     def allowed(key: str) -> bool:
         return (key == "attack" or key.startswith("attack.") or key in assumed_f or key in TRANSFER_KEYS
                 or key.split(".", 1)[0] in LOCATION_KEYS)
 
     # A key added between the two runs' trainings pairs when the later run holds its legacy value (ADDED_KEYS).
-    clean, attacked = flatten(clean), flatten(attacked)
-    clean, attacked = with_legacy_values(clean, attacked), with_legacy_values(attacked, clean)
-    return [line for line in settings_diff(clean, attacked) if not allowed(line.split(":", 1)[0])]
+    return [line for line in legacy_aware_diff(clean, attacked, both_ways=True) if not allowed(line.split(":", 1)[0])]
 
 
 def unpaired_cells(grid: dict, cells: list[Cell], composed) -> list[str]:

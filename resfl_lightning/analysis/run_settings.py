@@ -138,6 +138,14 @@ def with_legacy_values(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, 
     return {**saved, **missing}
 
 
+def legacy_aware_diff(earlier: dict[str, Any], later: dict[str, Any], both_ways: bool = False) -> list[str]:
+    """settings_diff of two configs (nested or flat) where a key `earlier` lacks counts as its legacy value
+    (ADDED_KEYS); with both_ways also the keys `later` lacks (two saved runs: either may predate the key)."""
+    earlier, later = flatten(earlier), flatten(later)
+    filled = with_legacy_values(earlier, later)
+    return settings_diff(filled, with_legacy_values(later, earlier) if both_ways else later)
+
+
 def current_targets(tree: Any) -> Any:
     """The saved config with every moved `_target_` (MOVED_TARGETS) replaced by where its class lives now."""
     if isinstance(tree, dict):
@@ -161,10 +169,8 @@ def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
     saved = current_targets(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
-    saved, now = flatten(saved), flatten(now)
-    saved = with_legacy_values(saved, now)
     ignored = (*TRANSFER_KEYS, *SWITCH_KEYS, *RECORD_KEYS)
-    return [line for line in settings_diff(saved, now) if line.split(":", 1)[0] not in ignored]
+    return [line for line in legacy_aware_diff(saved, now) if line.split(":", 1)[0] not in ignored]
 
 
 def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:

@@ -15,6 +15,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.columns import Fate
+from resfl_lightning.analysis.verdict_index import VERDICT_HEADER
 from resfl_lightning.metrics.intervals import Interval
 from resfl_lightning.metrics.statistics import (
     RatioInterval,
@@ -339,7 +340,7 @@ def verdict_lines(records: dict[str, dict[int, SeedRecord]], cells: dict[str, di
              "paper's effect where one is given); *not detected* = it holds 0 (and the paper's effect); *refuted* = "
              "it excludes the paper's effect or lies on the other side of 0; *direction reproduced, magnitude "
              "refuted* = it excludes 0 and the paper's effect, between the two. Claims without an effect size are "
-             "directional only.", "", "| claim | verdict | measured | source |", "| --- | --- | --- | --- |"]
+             "directional only.", "", VERDICT_HEADER, "| --- | --- | --- | --- |"]
     notes = []
     for claim in claims:
         res = judge_claim(claim, records, cells, columns, settings)

@@ -48,7 +48,14 @@ from resfl_lightning.analysis.tune_rule import (
 from resfl_lightning.config.errors import ConfigError
 from resfl_lightning.metrics.statistics import below_utility_floor
 from resfl_lightning.resources import conf_dir
-from resfl_lightning.run_config.tuned import SWITCH, load_tuned, override_key, recorded_path, tuned_path, with_tuned
+from resfl_lightning.run_config.tuned import (
+    SWITCH,
+    load_tuned,
+    override_key,
+    recorded_path,
+    tuned_folder,
+    with_tuned,
+)
 
 
 # --- the runs -------------------------------------------------------------------------------------------------------
@@ -77,6 +84,12 @@ def run_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: 
             *user]
 
 
+def preset_experiment(dataset: str, user: list[str]) -> str | None:
+    """The experiment preset a tuning run composes (the user's `experiment=`, else the dataset's table preset)."""
+    chosen = [o.split("=", 1)[1] for o in [*table_preset(dataset, user), *user] if override_key(o) == "experiment"]
+    return chosen[-1] if chosen else None
+
+
 def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -> dict[str, dict]:
     """method -> {"file", "overrides"}: the tuned file each method's runs start from, as it was when that method's
     tuning began here (OUT/bases.json; recorded now for a method tuned here for the first time). The active ledger
@@ -89,7 +102,8 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
     for m in methods:
         if m not in bases:
             try:
-                _, tuned, applied = with_tuned(user, {"dataset": dataset, "algorithm": m})
+                choices = {"dataset": dataset, "algorithm": m, "experiment": preset_experiment(dataset, user)}
+                _, tuned, applied = with_tuned(user, choices)
             except ConfigError as err:
                 raise ExperimentError(str(err)) from None
             bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}
@@ -276,15 +290,15 @@ def leading_comments(text: str) -> list[str]:
     return lines
 
 
-def plan_tuned_file(t: MethodTuning, dataset: str, target: Path, command: str, evidence: str,
+def plan_tuned_file(t: MethodTuning, target: Path, repository_file: Path, command: str, evidence: str,
                     seeds: list[int]) -> str | None:
     """The text to write to `target` (None: nothing to write), and t.outcome saying what happens. Merges with the
-    file at `target`, else with the repository's file for the same dataset and method."""
+    file at `target`, else with the repository's file for the same dataset (or preset) and method."""
     if not t.complete or t.selection.selected is None:
         t.outcome = ("Tuned file: not written (runs missing; re-run the same command to complete them)." if not
                      t.complete else "Tuned file: not written (nothing selected).")
         return None
-    existing_path = next((p for p in (target, tuned_path(dataset, t.method)) if p.is_file()), None)
+    existing_path = next((p for p in (target, repository_file) if p.is_file()), None)
     existing = None if existing_path is None else yaml.safe_load(existing_path.read_text())
     i = t.selection.selected
     merged = merged_tuned(existing, t.trials[i], command, evidence)
@@ -398,9 +412,11 @@ class Tune(Experiment):
                                references) for m in methods]
         tasks = {v["task"] for tu in tunings for vs in tu.values.values() for v in vs.values() if v is not None}
         task = tasks.pop() if len(tasks) == 1 else "classification"
-        tuned_root = ctx.options.get("tuned_dir") or conf_dir() / "tuned"
+        experiment = preset_experiment(ctx.dataset, ctx.overrides)
+        folder = tuned_folder(ctx.dataset, experiment, ctx.options.get("tuned_dir") or conf_dir() / "tuned")
+        repository = tuned_folder(ctx.dataset, experiment)
         evidence = recorded_path(ctx.results or self.default_results(ctx))
-        planned = {tu.method: plan_tuned_file(tu, ctx.dataset, tuned_root / ctx.dataset / f"{tu.method}.yaml",
+        planned = {tu.method: plan_tuned_file(tu, folder / f"{tu.method}.yaml", repository / f"{tu.method}.yaml",
                                               ctx.command, evidence, seeds) for tu in tunings}
         budget = f"{k} trials" if k == settings.trials else f"the first {k} of {settings.trials} trials"
         reference_only = t["reference_only"]
@@ -412,6 +428,6 @@ class Tune(Experiment):
                   f"the runs' own wall times sum to {runs.runs_wall_s:.0f} s)")
         text = tune_markdown(header, settings, tunings, seeds, task, runs.failures, references.learned)
         selection = json.dumps({tu.method: selection_record(tu) for tu in tunings}, indent=1)
-        writes = [lambda m=m, text=text: write_tuned_file(tuned_root / ctx.dataset / f"{m}.yaml", text)
+        writes = [lambda m=m, text=text: write_tuned_file(folder / f"{m}.yaml", text)
                   for m, text in planned.items() if text is not None]
         return Report(text, "tune.md", files={"selection.json": selection}, after=writes)

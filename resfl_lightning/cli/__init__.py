@@ -25,6 +25,7 @@ COMMANDS: dict[str, Command] = {
     "dp-curve": Command("dp_curve", "the DP methods' privacy-utility curve over a pre-registered epsilon grid"),
     "tune": Command("tune", "the equal tuning budget: every method's grid, selected on validation into conf/tuned/"),
     "experiment": Command("experiment", "any experiment a conf/table/ grid file declares, e.g. `calibration`"),
+    "index": Command("index", "the verdict matrix: each paper claim x the comparison tables (docs/results/index.md)"),
     "ledger": Command("ledger", "what a run ledger holds; drop entries a fix invalidates (`--drop EXP --match GLOB`)"),
     "compare": Command("compare", "paired-run metrics (BA AD, DPA EODD, FATE) of two finished runs"),
     "report": Command("report", "offline figures and report.md of one or more finished runs"),

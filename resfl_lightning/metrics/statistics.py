@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from resfl_lightning.values import finite
 
@@ -144,6 +144,19 @@ def seeds_for_power_normal(d_z: float, power: float = 0.8, alpha: float = 0.05) 
         return math.inf
     za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
     return float((za + zb) ** 2 / d_z ** 2 + za ** 2 / 2)
+
+
+def detectable_effect(n: int, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest standardised effect d_z a two-sided paired t-test with n seeds detects with `power` (the inverse
+    of seeds_for_power at fixed n; NaN below 2 seeds)."""
+    if n < 2:
+        return math.nan
+    if not 0 < power < 1 or not 0 < alpha < 1:
+        raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
+    high = 1.0
+    while paired_power(high, n, alpha) < power:  # bracket the root: power grows with d_z
+        high *= 2
+    return float(optimize.brentq(lambda d: paired_power(d, n, alpha) - power, 0.0, high, xtol=1e-10))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Per-dataset settings of a method that were chosen by a pre-registered selection and confirmed on fresh seeds:
-conf/tuned/<dataset>/<algorithm>.yaml. A run of that dataset and method applies the file's overrides before the
-user's own (which win, key by key), records the file in `tuned_file` and prints it; `use_tuned=false` turns it off.
+conf/tuned/<dataset>/<algorithm>.yaml, or conf/tuned/<experiment>/<algorithm>.yaml for a run of an experiment preset
+that has its own folder there (a table preset tuned on its own: values tuned at another size do not carry over). A
+run of that dataset and method applies the file's overrides before the user's own (which win, key by key), records
+the file in `tuned_file` and prints it; `use_tuned=false` turns it off.
 
 Why command-line overrides and not a Hydra group: a tuned file selects config groups (adversary=strong), and Hydra
 forbids group overrides inside a config chosen by interpolation (${dataset}_${algorithm}); as overrides placed
@@ -29,8 +31,17 @@ class Tuned:
     overrides: tuple[str, ...]
 
 
-def tuned_path(dataset: str, algorithm: str, root: Path | None = None) -> Path:
-    return (root or conf_dir()) / "tuned" / dataset / f"{algorithm}.yaml"
+def tuned_folder(dataset: str, experiment: str | None = None, tuned_root: Path | None = None) -> Path:
+    """Where a run's tuned files are: the experiment preset's own folder when it has one (even an empty one: a
+    preset not yet tuned runs as written), else the dataset's. `tuned_root`: conf/tuned/."""
+    tuned_root = tuned_root if tuned_root is not None else conf_dir() / "tuned"
+    if experiment and (tuned_root / experiment).is_dir():
+        return tuned_root / experiment
+    return tuned_root / dataset
+
+
+def tuned_path(dataset: str, algorithm: str, root: Path | None = None, experiment: str | None = None) -> Path:
+    return tuned_folder(dataset, experiment, (root or conf_dir()) / "tuned") / f"{algorithm}.yaml"
 
 
 def load_tuned(path: Path) -> Tuned:
@@ -77,7 +88,8 @@ def with_tuned(user: Sequence[str], choices: Mapping[str, str | None], root: Pat
     dataset, algorithm = choices.get("dataset"), choices.get("algorithm")
     if switched_off(user) or not dataset or not algorithm:
         return list(user), None, []
-    path = tuned_path(str(dataset), str(algorithm), root)
+    experiment = choices.get("experiment")
+    path = tuned_path(str(dataset), str(algorithm), root, str(experiment) if experiment else None)
     if not path.is_file():
         return list(user), None, []
     tuned = load_tuned(path)

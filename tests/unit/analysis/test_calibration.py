@@ -22,7 +22,36 @@ def test_the_registered_card():
     assert not set(card.seeds) & set(card.check_seeds)
     floors = {p.key: p.at_least for p in card.phenomena}
     assert floors == {"test/delta_eop": 0.15, "test/abs_one_minus_di": None, "attack/aia_balanced_accuracy": 0.6,
-                      "attack/mia_auc": 0.6, BA_AD: 0.5, "test/map_50": 0.5}
+                      "attack/mia_auc": 0.6, BA_AD: 0.5, "test/map_50": 0.5, "score/fairness": None,
+                      "attack/mia_success_rate": None}
+    assert card.paired_sd_factor == pytest.approx(2 ** 0.5, abs=1e-4)
+
+
+def test_power_lines_scale_the_detectable_effect_by_the_paired_sd_and_price_the_claims():
+    """Hand case: ΔEOP values 0.2, 0.3, 0.4 (mean 0.3, SD 0.1), paired SD 2 x 0.1; synthetic's table seeds 3 / 10.
+    At 10 seeds the smallest detectable d_z is 0.9952 (statsmodels' TTestPower), so the difference is 0.199; the
+    paper's -17 % is -0.051, d_z 0.255, which needs seeds_for_power(0.255) seeds."""
+    from statsmodels.stats.power import TTestPower
+
+    from resfl_lightning.analysis.calibration import power_lines
+    from resfl_lightning.metrics.statistics import seeds_for_power
+
+    card = load_card(conf_dir() / "table" / "calibration.yaml")
+    card = type(card)(**{**card.__dict__, "paired_sd_factor": 2.0})
+    values = {p.key: {} for p in card.phenomena}
+    values["test/delta_eop"] = {1: 0.2, 2: 0.3, 3: 0.4}
+    lines = power_lines(card, "synthetic", values)
+    rows = [line for line in lines if line.startswith("| ")]
+    assert rows[0].startswith("| phenomenon | key | mean | paired SD | smallest difference at 3 seeds | "
+                              "smallest difference at 10 seeds |")
+    (row,) = [r for r in rows if "test/delta_eop" in r]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    solver = TTestPower()
+    assert cells[2:4] == ["0.300", "0.200"]
+    assert float(cells[4]) == pytest.approx(0.2 * solver.solve_power(nobs=3, alpha=0.05, power=0.8), abs=6e-4)
+    assert float(cells[5]) == pytest.approx(0.2 * solver.solve_power(nobs=10, alpha=0.05, power=0.8), abs=6e-4)
+    assert f"-0.051 needs {seeds_for_power(0.051 / 0.2)} seeds" in cells[6]
+    assert all("test/abs_one_minus_di" not in r for r in rows)  # no values: no row
 
 
 def test_the_partner_is_the_sign_flip_with_gamma_n_over_f_and_only_the_attack_differs(tmp_path: Path):

@@ -108,6 +108,20 @@ def test_settings_diff_names_every_changed_added_and_missing_leaf():
     assert settings_diff(saved, saved) == []
 
 
+def test_legacy_aware_diff_fills_added_keys_one_way_or_both():
+    from resfl_lightning.analysis.run_settings import legacy_aware_diff
+
+    old = {"metrics": {"tau": 0.5}}  # saved before metrics.min_group_size existed (legacy value 1)
+    new = {"metrics": {"tau": 0.5, "min_group_size": 1}}
+    assert legacy_aware_diff(old, new) == []
+    assert legacy_aware_diff(old, {"metrics": {"tau": 0.5, "min_group_size": 30}}) == [
+        "metrics.min_group_size: 1 -> 30"]
+    # one way: a key the later config lacks stays absent; both ways: either side may predate it
+    assert legacy_aware_diff(new, old) == ["metrics.min_group_size: 1 -> <absent>"]
+    assert legacy_aware_diff(new, old, both_ways=True) == []
+    assert legacy_aware_diff({"metrics.tau": 0.5}, {"metrics": {"tau": 0.5}}) == []  # flat or nested alike
+
+
 def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monkeypatch):
     from resfl_lightning.analysis import runner
     from resfl_lightning.cli.table import main

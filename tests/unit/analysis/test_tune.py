@@ -28,7 +28,7 @@ from resfl_lightning.analysis.tune import (
 from resfl_lightning.analysis.tune_grid import load_settings
 from resfl_lightning.analysis.tune_rule import TrialValues, merged_tuned, select_trial, with_learned_floor
 from resfl_lightning.resources import conf_dir
-from resfl_lightning.run_config.tuned import load_tuned
+from resfl_lightning.run_config.tuned import load_tuned, tuned_path
 
 SEEDS = [120, 121, 122]
 # a cheap constrained method with no shipped Adult tuned file (the tests of first-time tuning need one)
@@ -265,7 +265,8 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
     t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
                         "epsilon": None}  # complete
     assert t.selection.selected == 2
-    text = plan_tuned_file(t, "adult", target, "resfl tune --dataset adult", "docs/results/tune-adult-iid.md", SEEDS)
+    text = plan_tuned_file(t, target, tuned_path("adult", t.method), "resfl tune --dataset adult",
+                           "docs/results/tune-adult-iid.md", SEEDS)
     assert t.outcome.startswith(f"Tuned file merged into {target}: overrides adversary=strong, ")
     write_tuned_file(target, text)
     loaded = load_tuned(target)
@@ -283,10 +284,10 @@ def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: 
                              "epsilon": None}
     preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
     assert preset.selection.selected == 0
-    assert plan_tuned_file(preset, "adult", target, "c", "e.md", SEEDS) is None
+    assert plan_tuned_file(preset, target, tuned_path("adult", UNTUNED), "c", "e.md", SEEDS) is None
     assert preset.outcome == "Trial 0 (the preset) selected and no tuned file existed: none written."
     missing = tuning(UNTUNED)
-    assert plan_tuned_file(missing, "adult", target, "c", "e.md", SEEDS) is None
+    assert plan_tuned_file(missing, target, tuned_path("adult", UNTUNED), "c", "e.md", SEEDS) is None
     assert "runs missing" in missing.outcome and not target.exists()
 
 
@@ -321,18 +322,25 @@ def test_a_run_composes_to_its_base_trial_and_user_overrides(tmp_path: Path):
     assert (cfg["use_tuned"], cfg["tuned_file"]) == (False, None)  # the frozen base stands in for the file
 
 
+V1 = ["experiment=table_synthetic_v1"]  # the first detection preset, tuned in conf/tuned/synthetic/
+
+
 def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
-    # the shipped synthetic RESFL file (the default run's) as the base; a method without a synthetic file has none
+    # the first detection preset's tune (conf/tuned/synthetic/) as the base; a method without a file there has none
     untuned = next(m for m in ("curvfed", *algorithm_presets())
                    if not (conf_dir() / f"tuned/synthetic/{m}.yaml").exists())
-    bases = frozen_bases(tmp_path, "synthetic", ["resfl", untuned], [])
+    bases = frozen_bases(tmp_path, "synthetic", ["resfl", untuned], V1)
     assert bases["resfl"] == {"file": "conf/tuned/synthetic/resfl.yaml",
                               "overrides": list(load_tuned(conf_dir() / "tuned/synthetic/resfl.yaml").overrides)}
     assert bases[untuned] == {"file": None, "overrides": []}
-    assert frozen_bases(tmp_path, "synthetic", ["resfl"], ["optim.lr=0.5"])["resfl"] == bases["resfl"]
+    assert frozen_bases(tmp_path, "synthetic", ["resfl"], [*V1, "optim.lr=0.5"])["resfl"] == bases["resfl"]
     other = tmp_path / "other"
     other.mkdir()
-    assert frozen_bases(other, "synthetic", ["resfl"], ["use_tuned=false"])["resfl"]["overrides"] == []
+    assert frozen_bases(other, "synthetic", ["resfl"], [*V1, "use_tuned=false"])["resfl"]["overrides"] == []
+    # the calibrated preset (the table preset, chosen when the user names none) has its own, untuned, folder
+    calibrated = tmp_path / "calibrated"
+    calibrated.mkdir()
+    assert frozen_bases(calibrated, "synthetic", ["resfl"], [])["resfl"] == {"file": None, "overrides": []}
     assert frozen_bases(other, "synthetic", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
 
 
@@ -343,17 +351,17 @@ def test_the_ledger_carries_the_bases_its_runs_started_from(tmp_path: Path):
         (tmp_path / machine / "tune_x").mkdir(parents=True)
     run_ledger.use(tmp_path / "ledger")
     try:
-        first = frozen_bases(tmp_path / "a" / "tune_x", "synthetic", ["resfl"], [])
+        first = frozen_bases(tmp_path / "a" / "tune_x", "synthetic", ["resfl"], V1)
         carried = tmp_path / "ledger" / "tune_x" / "bases.json"
         assert json.loads(carried.read_text()) == first
         # another machine: the tuned file has changed since (here: the ledger's copy says resfl started untuned)
         carried.write_text(json.dumps({"resfl": {"file": None, "overrides": []}}))
-        assert frozen_bases(tmp_path / "b" / "tune_x", "synthetic", ["resfl"], [])["resfl"]["overrides"] == []
+        assert frozen_bases(tmp_path / "b" / "tune_x", "synthetic", ["resfl"], V1)["resfl"]["overrides"] == []
         assert json.loads((tmp_path / "b" / "tune_x" / "bases.json").read_text())["resfl"]["file"] is None
     finally:
         run_ledger.use(None)
     # no ledger: the bases come from conf/tuned/ as it is now
-    assert frozen_bases(tmp_path / "c" / "tune_x", "synthetic", ["resfl"], [])["resfl"] == first["resfl"] != {
+    assert frozen_bases(tmp_path / "c" / "tune_x", "synthetic", ["resfl"], V1)["resfl"] == first["resfl"] != {
         "file": None, "overrides": []}
 
 

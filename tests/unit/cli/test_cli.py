@@ -12,8 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 # What the project offers as commands; a command dropped from the dispatcher (or never added) fails here.
-EXPECTED = ("train", "data", "table", "robustness", "frontier", "dp-curve", "tune", "experiment", "ledger", "compare",
-            "report", "privacy", "bench", "export", "predict", "finetune", "ufm-valsize")
+EXPECTED = ("train", "data", "table", "robustness", "frontier", "dp-curve", "tune", "experiment", "index", "ledger",
+            "compare", "report", "privacy", "bench", "export", "predict", "finetune", "ufm-valsize")
 # Modules of resfl_lightning/cli/ that are not subcommands themselves
 NOT_COMMANDS = ("__init__", "hydra_help", "bench_round_child", "experiment_args", "input_errors")  # their helpers
 ENV = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "COLUMNS": "120"}

@@ -13,6 +13,7 @@ from resfl_lightning.metrics.fate import fate
 from resfl_lightning.metrics.statistics import (
     below_utility_floor,
     benjamini_hochberg,
+    detectable_effect,
     fate_over_seeds,
     holm,
     majority_class_rate,
@@ -104,6 +105,17 @@ def test_seeds_for_power_known_values_and_statsmodels():
     assert seeds_for_power(0.0) is None and seeds_for_power(float("nan")) is None
     assert seeds_for_power(1e-15) is None  # more than max_n seeds: no number, not an overflow
     assert math.isinf(seeds_for_power_normal(0.0))
+
+
+def test_detectable_effect_inverts_the_power_against_statsmodels():
+    solver = TTestPower()
+    for n in (3, 10, 34):
+        d = detectable_effect(n)
+        assert paired_power(d, n) == pytest.approx(0.8, abs=1e-8)
+        assert d == pytest.approx(solver.solve_power(nobs=n, alpha=0.05, power=0.8), rel=1e-4)
+    assert seeds_for_power(detectable_effect(10) * 1.001) == 10  # the effect that 10 seeds just resolve
+    assert detectable_effect(3) > detectable_effect(10) > detectable_effect(34)
+    assert math.isnan(detectable_effect(1))
 
 
 # --- ratios and FATE -----------------------------------------------------------------------------------------------

@@ -171,3 +171,27 @@ def test_cfg_job_prints_the_tuned_config():
     assert tuned.tuned_file == "conf/tuned/synthetic/resfl.yaml" and tuned.optim.lr == 0.03
     plain = OmegaConf.create(printed("dataset=synthetic", "use_tuned=false"))
     assert plain.tuned_file is None and plain.optim.lr == 0.01
+
+
+def test_an_experiment_preset_with_its_own_folder_reads_only_that_folder(tmp_path: Path):
+    """conf/tuned/<experiment>/ when it exists (even empty: the preset is not tuned yet), else conf/tuned/<dataset>/."""
+    from resfl_lightning.run_config.tuned import tuned_folder
+
+    (tmp_path / "tuned" / "d").mkdir(parents=True)
+    (tmp_path / "tuned" / "d" / "m.yaml").write_text("selected_by: x\nevidence: [e.md]\noverrides: [a.b=1]\n")
+    choices = {"dataset": "d", "algorithm": "m"}
+    assert with_tuned([], {**choices, "experiment": "other"}, root=tmp_path)[1].path == tmp_path / "tuned/d/m.yaml"
+    (tmp_path / "tuned" / "own").mkdir()
+    assert tuned_folder("d", "own", tmp_path / "tuned") == tmp_path / "tuned" / "own"
+    assert with_tuned([], {**choices, "experiment": "own"}, root=tmp_path)[1] is None  # not the dataset's values
+    (tmp_path / "tuned" / "own" / "m.yaml").write_text("selected_by: y\nevidence: [f.md]\noverrides: [a.b=2]\n")
+    out, tuned, _ = with_tuned([], {**choices, "experiment": "own"}, root=tmp_path)
+    assert tuned.path == tmp_path / "tuned/own/m.yaml" and out[0] == "a.b=2"
+
+
+def test_the_calibrated_detection_preset_starts_untuned_and_the_first_keeps_its_tune():
+    """experiment=table_synthetic has its own (empty) folder; the first preset keeps the synthetic tune."""
+    calibrated = composed_settings(["dataset=synthetic", "experiment=table_synthetic"])
+    assert calibrated["tuned_file"] is None and calibrated["optim"]["lr"] == 0.01
+    first = composed_settings(["dataset=synthetic", "experiment=table_synthetic_v1"])
+    assert first["tuned_file"] == "conf/tuned/synthetic/resfl.yaml" and first["optim"]["lr"] == 0.03
