@@ -47,6 +47,8 @@ class PrivacyAttacks:
         results, details = privacy_attacks(self.plan, federation, model, round_idx)
         if self.aia is not None and "aia" in details:
             results.update(self._fallback_metrics(round_idx, details["aia"]))
+        if self.mia is not None and self.mia.per_client and "attack/mia_auc" in results:
+            results.update(peak_metrics(Path(federation.settings.run_dir), round_idx, results["attack/mia_auc"]))
         metrics.update(results)
         write_attack_file(federation, f"privacy_round_{round_idx:04d}", {"metrics": results, **details})
 
@@ -68,17 +70,32 @@ class PrivacyAttacks:
         return weather_privacy_metrics(self.plan, federation, model, round_idx, seed)
 
 
-def earlier_fallback_rounds(run_dir: Path, last_round: int) -> set[int]:
-    """Rounds <= last_round (a resumed run's checkpoint) whose attack file records an AIA ground-truth-box fallback."""
-    rounds = set()
+def earlier_attack_files(run_dir: Path, last_round: int) -> dict[int, dict]:
+    """Round -> the payload of its privacy attack file, for the rounds <= last_round this run directory holds."""
+    out = {}
     for path in sorted((run_dir / "attacks").glob("privacy_round_*.json")):
         match = re.fullmatch(r"privacy_round_(\d+)\.json", path.name)
-        if match is None or int(match.group(1)) > last_round:
-            continue
-        payload = json.loads(path.read_text())
-        if payload.get("metrics", {}).get("attack/aia_gt_box_fallback") == 1.0:
-            rounds.add(int(match.group(1)))
-    return rounds
+        if match is not None and int(match.group(1)) <= last_round:
+            out[int(match.group(1))] = json.loads(path.read_text())
+    return out
+
+
+def earlier_fallback_rounds(run_dir: Path, last_round: int) -> set[int]:
+    """Rounds <= last_round (a resumed run's checkpoint) whose attack file records an AIA ground-truth-box fallback."""
+    return {r for r, payload in earlier_attack_files(run_dir, last_round).items()
+            if payload.get("metrics", {}).get("attack/aia_gt_box_fallback") == 1.0}
+
+
+def peak_metrics(run_dir: Path, round_idx: int, auc: float) -> dict[str, float]:
+    """attack/mia_peak_round and _auc: the attack round so far (the earlier ones from their files, which a resumed
+    run keeps) whose global MIA AUC is highest (attacks/client_audit.py::peak_round)."""
+    from resfl_lightning.attacks.client_audit import peak_round
+
+    earlier = earlier_attack_files(run_dir, round_idx - 1)
+    aucs = {r: p["metrics"]["attack/mia_auc"] for r, p in earlier.items() if "attack/mia_auc" in p.get("metrics", {})}
+    aucs[round_idx] = auc
+    peak = peak_round(aucs)
+    return {} if peak is None else {"attack/mia_peak_round": float(peak[0]), "attack/mia_peak_round_auc": peak[1]}
 
 
 class MembershipInference(Attack):

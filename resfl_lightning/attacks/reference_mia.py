@@ -22,6 +22,7 @@ from resfl_lightning.attacks.outputs import example_confidences
 from resfl_lightning.attacks.references import out_references
 
 REFERENCE_FPRS = (0.001, 0.01)  # the low-FPR regime LiRA / RMIA are judged in: attack/mia_tpr_at_fpr_{0.1,1}
+CLIENT_KEYS = ("auc", "tpr_at_fpr_0.1", "tpr_at_fpr_1")  # attack/mia_worst_client_<key>
 
 
 def membership_scores(method: str, target: np.ndarray, reference: np.ndarray, population_target: np.ndarray | None,
@@ -47,6 +48,22 @@ def reference_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -
     return out
 
 
+def client_leakage(plan: Any, federation: Any, member_scores: np.ndarray,
+                   nonmember_scores: np.ndarray) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
+    """attack.mia.per_client: each client's members (plan.members grouped by owner) against every non-member, and
+    the worst client's attack/mia_worst_client* metrics (client_audit.py imports this module: imported here)."""
+    from resfl_lightning.attacks.client_audit import member_clients, per_client_metrics, worst_client
+    from resfl_lightning.data.federated import base_data
+
+    train = [c.train for c in base_data(federation.data).splits.clients]
+    clients = per_client_metrics(member_scores, member_clients(plan.members, train), nonmember_scores, len(train))
+    worst = worst_client(clients)
+    if worst is None:
+        return clients, {}
+    return clients, {"attack/mia_worst_client": float(worst[0]),
+                     **{f"attack/mia_worst_client_{k}": float(worst[1][k]) for k in CLIENT_KEYS}}
+
+
 def reference_membership_inference(plan: Any, federation: Any, model: Any, round_idx: int,
                                    loader_for: Any) -> tuple[dict[str, float], dict[str, Any]]:
     """attack/mia_* metrics of the global model after round `round_idx` (lira / rmia), and the attack file's details."""
@@ -67,6 +84,7 @@ def reference_membership_inference(plan: Any, federation: Any, model: Any, round
                                mia.rmia_offline_a)
     n = len(plan.members)
     result = reference_metrics(scores[:n], scores[n:])
+    clients, worst = client_leakage(plan, federation, scores[:n], scores[n:]) if mia.per_client else (None, {})
     details = {
         "method": mia.method, "target": result, "references": len(models), "reference_rounds": refs.rounds_done,
         "reference_train_sizes": [len(t) for t in refs.trained_on], "pool_size": len(refs.pool),
@@ -75,6 +93,9 @@ def reference_membership_inference(plan: Any, federation: Any, model: Any, round
         "split_sizes": {"target_members": n, "target_nonmembers": len(plan.split.target_nonmembers)},
     }
     metrics = {f"attack/mia_{k}": float(v) for k, v in result.items()}
+    if clients is not None:
+        details["clients"] = {str(k): v for k, v in clients.items()}
+        metrics.update(worst)
     metrics["attack/mia_references"] = float(len(models))
     metrics["attack/mia_time"] = time.perf_counter() - t0
     return metrics, details

@@ -39,8 +39,11 @@ class MiaSettings:
     references: int = 4  # lira / rmia: reference models, in complementary pairs (even)
     rmia_gamma: float = 1.0  # RMIA: LR(x, z) >= gamma counts z as dominated by x
     rmia_offline_a: float = 1.0  # RMIA's offline correction of p(x); 1: the plain mean over the references
+    per_client: bool = False  # lira / rmia: also each client's own leakage and the round of peak leakage
 
     def __post_init__(self) -> None:
+        if self.per_client and self.method == "shadow":
+            raise ConfigError("attack.mia.per_client: needs attack.mia.method=lira or rmia (per-example scores)")
         if self.method not in MIA_METHODS:
             raise ConfigError(f"attack.mia.method: must be one of {list(MIA_METHODS)}, got {self.method!r}")
         if self.references < 2 or self.references % 2:
