@@ -70,8 +70,13 @@ class Column:
         return missing_reason(runs.run.summary, self.key)
 
     def attacks(self) -> tuple[str, ...]:
-        """Attack groups whose runs this column reads besides the privacy run (trained with --robustness)."""
+        """Attack groups whose runs this column reads besides the privacy run (trained with its `option`)."""
         return ()
+
+    @property
+    def option(self) -> str | None:
+        """The table option (--robustness, --audit) that trains the runs of attacks(); None: no extra runs."""
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +138,10 @@ class AttackedChange(Column):
 
     attack: str
 
+    @property
+    def option(self) -> str | None:
+        return "robustness"
+
     def value(self, runs: SeedRuns) -> float | None:
         if self.attack not in runs.attacked:
             return None
@@ -143,6 +152,33 @@ class AttackedChange(Column):
             return f"no finished {self.attack} run (--robustness)"
         entry = compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]
         return str(entry.get("reason", f"{self.key} undefined"))
+
+    def attacks(self) -> tuple[str, ...]:
+        return (self.attack,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditValue(Column):
+    """A summary value (`summary_key`) of the method's membership-audit run of the same seed (trained with --audit:
+    analysis/table.py ATTACK_OVERRIDES["audit"]); empty without it."""
+
+    summary_key: str
+    attack: str = "audit"
+
+    @property
+    def option(self) -> str | None:
+        return "audit"
+
+    def value(self, runs: SeedRuns) -> float | None:
+        if self.attack not in runs.attacked:
+            return None
+        summary = runs.load(runs.attacked[self.attack]).summary
+        return finite(summary[self.summary_key]) if self.summary_key in summary else None
+
+    def why_missing(self, runs: SeedRuns) -> str:
+        if self.attack not in runs.attacked:
+            return f"no finished {self.attack} run (--audit)"
+        return missing_reason(runs.load(runs.attacked[self.attack]).summary, self.summary_key)
 
     def attacks(self) -> tuple[str, ...]:
         return (self.attack,)

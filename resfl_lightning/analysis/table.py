@@ -80,6 +80,13 @@ def run_dir_for(out: Path, method: str, seed: int, attack: str = "privacy") -> P
 # The privacy runs attack what the table reports: MIA, representation AIA (the Privacy Score's two halves) and EOD.
 # The update-aware AIA is left out: it is no column here, and under group skew it trains 6 shadow clients a round.
 PRIVACY_ATTACKS = "attack.enabled=[mia,aia,eod]"
+# With --audit, one more run per method and seed: the membership audit with reference models (RMIA, K = 4, a = 0.3
+# as docs/method.md §7 recommends, each client's leakage), read by the columns with `option: audit`.
+ATTACK_OVERRIDES = {
+    "privacy": ["attack=privacy", PRIVACY_ATTACKS],
+    "audit": ["attack=privacy", "attack.enabled=[mia]", "attack.mia.method=rmia", "attack.mia.rmia_offline_a=0.3",
+              "attack.mia.per_client=true"],
+}
 
 
 def table_preset(dataset: str, overrides: list[str] = ()) -> list[str]:
@@ -94,7 +101,7 @@ def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir
                     overrides: list[str]) -> list[str]:
     """The Hydra overrides of one table run: the common ones, the method's, then the user's (which win)."""
     return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides), *method_overrides(method),
-            f"seed={seed}", f"attack={attack}", *([PRIVACY_ATTACKS] if attack == "privacy" else []),
+            f"seed={seed}", *ATTACK_OVERRIDES.get(attack, [f"attack={attack}"]),
             f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
 
 
@@ -401,9 +408,9 @@ def table_runs(seed_sets: dict[str, list[int]], attacks: list[str]) -> list[tupl
 
 class MethodTable(Experiment):
     """Every method (a preset of conf/algorithm/, or ctx.options `methods`) x seed, with the privacy attacks (and,
-    with ctx.options `robustness`, the attacked runs the columns read), then table.md, table.csv and pareto.png
-    (conf/table/: columns.yaml, statistics.yaml, claims.yaml). ctx.options: methods, seeds, primary_seeds,
-    robustness, wandb."""
+    with ctx.options `robustness` / `audit`, the attacked / audit runs the columns read), then table.md, table.csv and
+    pareto.png (conf/table/: columns.yaml, statistics.yaml, claims.yaml). ctx.options: methods, seeds,
+    primary_seeds, robustness, audit, wandb."""
 
     writer = "resfl table"
     # the mechanism lines read every per-round row, the columns compare's Hydra config
@@ -425,8 +432,8 @@ class MethodTable(Experiment):
         n_seeds, n_primary = table_seeds(ctx.dataset, ctx.options.get("seeds"), ctx.options.get("primary_seeds"),
                                          settings)
         columns = load_columns()
-        attacks = ["privacy", *(dict.fromkeys(a for c in columns for a in c.attacks())
-                                if ctx.options.get("robustness") else ())]
+        # a column's extra runs come with the option it names (--robustness, --audit)
+        attacks = ["privacy", *dict.fromkeys(a for c in columns for a in c.attacks() if ctx.options.get(c.option))]
         return settings, claims, columns, method_seeds(methods, n_seeds, n_primary, settings), attacks, n_seeds
 
     def default_out(self, ctx: Context) -> Path:

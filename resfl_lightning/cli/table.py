@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seeds of the primary methods (the baseline and the primary method of "
                    "conf/table/statistics.yaml), >= --seeds (default: the config's, or --seeds when that is given)")
     p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
+    p.add_argument("--audit", action="store_true",
+                   help="also run the membership audit with reference models (RMIA) per method and seed")
     p.add_argument("--wandb", action="store_true", help="also log the table as a W&B Table (offline)")
     add_run_options(p, "default runs/table-<dataset>-<scenario>[-<dataset.* overrides>]",
                     "also write table.md here with its provenance (command, commit, date, machine, wall time)")
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     ctx = context(args, argv, "resfl table", methods=comma_list(args.methods), seeds=args.seeds,
-                  primary_seeds=args.primary_seeds, robustness=args.robustness, wandb=args.wandb)
+                  primary_seeds=args.primary_seeds, robustness=args.robustness, audit=args.audit, wandb=args.wandb)
     out, _ = execute_or_exit(MethodTable(), ctx)
     print((out / "table.md").read_text())
     if args.results is not None:

@@ -291,6 +291,36 @@ def test_columns_from_config_give_each_cell_of_a_seed(tmp_path: Path):
     assert seed_metrics(tmp_path, "resfl", 0, columns, ["privacy"])["ba_ad"] is None  # without --robustness
 
 
+def test_audit_columns_read_the_audit_run_and_only_audit_adds_it(tmp_path: Path):
+    """--audit adds one run per method and seed with the declared RMIA audit (attack.mia.per_client on), and the
+    TPR columns read that run's summary, not the privacy run's shadow-threshold TPR."""
+    from resfl_lightning.analysis.columns import load_columns
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.analysis.table import MethodTable, seed_metrics
+
+    _write_run(tmp_path / "resfl-s0", {"test/accuracy": 0.84, "attack/mia_tpr_at_fpr_1": 0.5}, 12.5)
+    _write_run(tmp_path / "resfl-s0-audit", {"attack/mia_tpr_at_fpr_0.1": 0.002, "attack/mia_tpr_at_fpr_1": 0.03},
+               13.0)
+    columns = load_columns()
+    row = seed_metrics(tmp_path, "resfl", 0, columns, ["privacy", "audit"])
+    assert (row["audit_tpr_at_fpr_0.1"], row["audit_tpr_at_fpr_1"]) == (0.002, 0.03)
+    assert seed_metrics(tmp_path, "resfl", 0, columns, ["privacy"])["audit_tpr_at_fpr_1"] is None
+
+    table = MethodTable()
+    names = {o: [r.name for r in table.plan(Context("adult", "iid", ["dataset.root=/x"], 1,
+                                                    options={"methods": ["resfl"], "seeds": 1, "primary_seeds": 1,
+                                                             o: True}), tmp_path)]
+             for o in ("audit", "robustness")}
+    assert sorted(names["audit"]) == ["fedavg-s0", "fedavg-s0-audit", "resfl-s0", "resfl-s0-audit"]
+    assert not any(n.endswith("-audit") for n in names["robustness"])
+    audit = next(r for r in table.plan(Context("adult", "iid", ["dataset.root=/x"], 1,
+                                               options={"methods": ["resfl"], "seeds": 1, "primary_seeds": 1,
+                                                        "audit": True}), tmp_path) if r.name == "resfl-s0-audit")
+    mia = composed_settings(audit.overrides)["attack"]
+    assert mia["enabled"] == ["mia"] and (mia["mia"]["method"], mia["mia"]["per_client"]) == ("rmia", True)
+
+
 def test_a_column_is_one_yaml_entry_and_a_bad_one_names_its_place(tmp_path: Path):
     from resfl_lightning.analysis.columns import Column, PrivacyScore, load_columns
 
