@@ -10,8 +10,9 @@ Each round, on the server's root split (federation/root.py):
 3. FLTrust-style trust TS_i = ReLU(cos(clipped d_i, g_0)) with the server's root update g_0 (`trust: false`: 1).
 4. y_i = softmax(-beta u)_i * TS_i (0 for a dropped client), normalised over the clients with y_i > 0 and projected
    onto the capped simplex {w : sum w = 1, 0 <= w <= c}, c = 1/(n - f) (robust_ops.project_capped_simplex); f is
-   `f`, or floor(assumed_fraction * n) when the server does not know it. When fewer than 1/c clients keep a positive
-   weight, c = 1/(their count) (uniform over them).
+   `f`, or floor(assumed_fraction * n) when the server does not know it. When only k < 1/c clients keep a positive
+   weight, each gets c and the weights sum to k c < 1: the rest of the step stays at the current model, so any f
+   clients hold at most f c = f/(n - f) whatever trust leaves (raising c to 1/k would hand them f/k).
 5. aggregate = sum_i w_i clipped d_i, or the weighted coordinate-wise trimmed mean / median (`combiner`).
 Gather-all: memory N x |theta| float32 (+ the clipped copy in float64); server cost per round: one local training on
 the root split and N evaluations on it.
@@ -68,14 +69,18 @@ class UfmPolicy:
 
 def capped_weights(scores: np.ndarray, cap: float) -> np.ndarray:
     """Scores (>= 0) normalised over their positive entries and projected onto the capped simplex there; zero-score
-    entries keep weight 0. The cap is raised to 1/k when only k < 1/cap entries are positive."""
+    entries keep weight 0. With only k < 1/cap positive entries each gets the cap (sum k * cap < 1): no entry ever
+    exceeds the cap, so any f entries hold at most f * cap."""
     scores = np.asarray(scores, dtype=np.float64)
     support = np.flatnonzero(scores > 0)
     if support.size == 0:
         raise ValueError("capped weights: no positive score")
-    y = scores[support] / scores[support].sum()
     w = np.zeros_like(scores)
-    w[support] = project_capped_simplex(y, max(cap, 1.0 / support.size))
+    if support.size * cap < 1 - 1e-12:
+        w[support] = cap
+        return w
+    y = scores[support] / scores[support].sum()
+    w[support] = project_capped_simplex(y, cap)
     return w
 
 
@@ -175,13 +180,17 @@ class RobustResfl(GatherAllRule):
             return self._last
         w = capped_weights(scores, self.cap(n))
         self._weights = {r.client_id: float(wi) for r, wi in zip(reports, w)}
-        wt = torch.as_tensor(w, dtype=torch.float64, device=x.device)
+        total = float(w.sum())
+        short = total < 1 - 1e-9  # too few trusted updates: the combiner runs on w / total, scaled back by total
+        wt = torch.as_tensor(w / total if short else w, dtype=torch.float64, device=x.device)
         if self.combiner == "mean":
             out = (wt[:, None] * x).sum(dim=0)
         elif self.combiner == "trimmed_mean":
             out = weighted_trimmed_mean(x, wt, self.trim_beta)
         else:
             out = weighted_median(x, wt)
+        if short:
+            out = out * total
         self._last = out
         return out
 

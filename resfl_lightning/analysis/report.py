@@ -6,6 +6,7 @@ embeds them with the summary table (default DIR: RUN_DIR/report for one run, ./r
     utility_fairness.png     test utility (mAP@50 and mAP@50-95, or accuracy) and delta-EOP per round, a line per run
     group_tpr.png            per-group TPR at the last evaluated round, bars grouped by group, one colour per run
     clients_<run>.png        per-client aggregation weight and reported u per round (heat maps), raw UFM per client
+    mia_roc.png              the membership audit's ROC on log-log axes (runs with attack.mia.method=lira | rmia)
 """
 
 from __future__ import annotations
@@ -175,6 +176,44 @@ def plot_clients(run: RunData, path: Path) -> Path:
     return _save(fig, path)
 
 
+def final_mia_scores(run: RunData) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(method, member scores, non-member scores) of the run's last reference-model MIA (attacks/privacy_round_*.json
+    written by attack.mia.method=lira | rmia), or None."""
+    import json
+
+    for path in sorted((run.path / "attacks").glob("privacy_round_*.json"), reverse=True):
+        mia = json.loads(path.read_text()).get("mia", {})
+        if "scores" in mia:
+            return mia["method"], np.asarray(mia["scores"]["members"]), np.asarray(mia["scores"]["nonmembers"])
+    return None
+
+
+def plot_mia_roc(runs: list[RunData], path: Path) -> Path | None:
+    """The membership audit's ROC of every run that has one, on log-log axes (the low-FPR regime an audit is read
+    in; Carlini et al. 2022), the chance diagonal and FPR 0.1 % and 1 % marked; None when no run has one."""
+    from sklearn.metrics import roc_curve
+
+    scored = [(run, found) for run in runs if (found := final_mia_scores(run)) is not None]
+    if not scored:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    floor = 1.0 / max(len(f[2]) for _, f in scored)  # the smallest FPR the non-members resolve
+    for run, (method, members, nonmembers) in scored:
+        fpr, tpr, _ = roc_curve(np.r_[np.ones(members.size), np.zeros(nonmembers.size)], np.r_[members, nonmembers])
+        ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), label=f"{run.name} ({method})")
+    ax.plot([floor, 1], [floor, 1], color="grey", ls="--", lw=1, label="chance")
+    for x in (0.001, 0.01):
+        if x >= floor:
+            ax.axvline(x, color="grey", lw=0.6, ls=":")
+    ax.set(xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1), xlabel="false positive rate",
+           ylabel="true positive rate", title="membership audit ROC (log-log)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _rounds_axis(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -203,7 +242,8 @@ def write_figures(runs: list[RunData], out: Path) -> list[Path]:
         seen[slug] += 1
         suffix = "" if seen[slug] == 1 else f"_{seen[slug]}"
         paths.append(plot_clients(run, out / f"clients_{slug}{suffix}.png"))
-    return paths
+    roc = plot_mia_roc(runs, out / "mia_roc.png")
+    return paths + ([roc] if roc is not None else [])
 
 
 # --- report.md -----------------------------------------------------------------------------------------------------

@@ -91,6 +91,8 @@ def reference_membership_inference(plan: Any, federation: Any, model: Any, round
         "out_references_per_candidate": int(reference.shape[0]),
         "score_means": {"target_members": float(scores[:n].mean()), "target_nonmembers": float(scores[n:].mean())},
         "split_sizes": {"target_members": n, "target_nonmembers": len(plan.split.target_nonmembers)},
+        # every candidate's score: the ROC `resfl report` draws on log-log axes (analysis/report.py::plot_mia_roc)
+        "scores": {"members": scores[:n].tolist(), "nonmembers": scores[n:].tolist()},
     }
     metrics = {f"attack/mia_{k}": float(v) for k, v in result.items()}
     if clients is not None:

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.spatial.distance import pdist, squareform
 from sklearn.cluster import HDBSCAN
 
@@ -180,10 +182,42 @@ def robust(n: int, g0: torch.Tensor, evals, **kw) -> RobustResfl:
     return rule
 
 
-def test_capped_weights_keep_zero_scores_at_zero_and_raise_the_cap_when_needed():
+def test_capped_weights_keep_zero_scores_at_zero_and_never_raise_the_cap():
     w = capped_weights(np.array([0.9, 0.05, 0.05, 0.0]), cap=0.4)
     assert w[3] == 0 and w.sum() == pytest.approx(1) and w.max() <= 0.4 + 1e-12
-    np.testing.assert_allclose(capped_weights(np.array([0.9, 0.1, 0.0]), cap=0.4), [0.5, 0.5, 0.0])
+    # two positive scores under a cap of 0.4: each gets the cap, 0.2 of the step stays at the current model (the cap
+    # used to be raised to 1/2 here)
+    np.testing.assert_allclose(capped_weights(np.array([0.9, 0.1, 0.0]), cap=0.4), [0.4, 0.4, 0.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(2, 30), data=st.data())
+def test_any_f_clients_hold_at_most_f_over_n_minus_f_whatever_trust_leaves(n, data):
+    """The promise of docs/method.md: with cap 1/(n - f), any f clients get at most f/(n - f) of the weight, for any
+    scores and any pattern of zero trust (hypothesis over both)."""
+    f = data.draw(st.integers(0, (n - 1) // 2), label="f")
+    scores = np.array(data.draw(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1e3)), min_size=n, max_size=n),
+                                label="scores"))
+    if not (scores > 0).any():
+        scores[data.draw(st.integers(0, n - 1), label="one positive")] = 1.0
+    w = capped_weights(scores, 1 / (n - f))
+    assert (w >= 0).all() and w.sum() <= 1 + 1e-9 and (w[scores == 0] == 0).all()
+    assert np.sort(w)[::-1][:f].sum() <= f / (n - f) + 1e-9  # the f largest weights: the worst subset
+    if (scores > 0).sum() >= n - f:
+        assert w.sum() == pytest.approx(1)  # enough trusted clients: the full step, as before
+
+
+def test_a_short_round_moves_by_the_capped_share_of_the_combined_update():
+    """Trust leaves 2 of 5 updates positive under cap 1/4: each weighs 1/4 and every combiner's output is scaled by
+    the 1/2 they hold (the mean: the plain weighted sum)."""
+    x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [-1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
+    evals = [root_eval(0.2)] * 5
+    g0 = torch.tensor([1.0, 0.0])  # the three negative updates get trust 0
+    for combiner, expected in (("mean", 1.0), ("median", 1.0)):  # the median of 1 and 3 at equal weight: 2, x 1/2
+        rule = robust(5, g0, evals, beta=0.0, clip="none", f=1, combiner=combiner)
+        out = rule.aggregate(x, [report(i, u=0.2) for i in range(5)])
+        assert [rule.weights(reports(5))[i] for i in range(5)] == pytest.approx([0.25, 0.25, 0, 0, 0])
+        torch.testing.assert_close(out, torch.tensor([expected, 0.0], dtype=out.dtype))
 
 
 def test_server_mode_ignores_the_reported_u_so_lying_buys_nothing():

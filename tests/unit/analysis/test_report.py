@@ -149,3 +149,24 @@ def test_a_wandb_run_logs_the_figures_as_images(tmp_path: Path):
     assert logged == {"utility", "group", "clients"}
     assert sorted(p.name for p in (run_dir / "report").glob("*.png")) == ["clients_run.png", "group_tpr.png",
                                                                            "utility_fairness.png"]
+
+
+def test_the_membership_audit_roc_is_drawn_from_the_last_round_with_scores(tmp_path: Path):
+    """attack.mia.method=lira | rmia writes every candidate's score into the round's attack file; the report draws
+    the ROC of the last such round (log-log), and leaves the figure out when no run has one."""
+    from resfl_lightning.analysis.report import final_mia_scores, load_rounds
+
+    plain = make_run(tmp_path, "plain", 0.0)
+    audited = make_run(tmp_path, "audited", 0.1)
+    (audited / "attacks").mkdir()
+    for r, shift in ((0, 0.0), (1, 2.0)):
+        mia = {"method": "rmia", "scores": {"members": (np.linspace(0, 1, 50) + shift).tolist(),
+                                            "nonmembers": np.linspace(0, 1, 200).tolist()}}
+        (audited / "attacks" / f"privacy_round_{r:04d}.json").write_text(json.dumps({"mia": mia}))
+    method, members, nonmembers = final_mia_scores(load_rounds(audited))
+    assert method == "rmia" and members.min() == 2.0 and nonmembers.size == 200  # round 1, the last
+    assert final_mia_scores(load_rounds(plain)) is None
+    write_report([plain, audited], tmp_path / "out")
+    assert Image.open(tmp_path / "out" / "mia_roc.png").size[0] > 300
+    write_report([plain], tmp_path / "plain_only")
+    assert not (tmp_path / "plain_only" / "mia_roc.png").exists()
