@@ -83,10 +83,11 @@ def test_the_readme_matrix_is_the_one_the_published_tables_give():
 
 
 def test_resfl_index_writes_the_matrix_file_and_the_readme_block(tmp_path, monkeypatch):
-    from resfl_lightning.analysis import checkout
+    from resfl_lightning.analysis import checkout, provenance
     from resfl_lightning.cli.index import main
 
-    monkeypatch.setattr(checkout, "git_commit", lambda *a, **k: "c" * 40)  # as from a clean checkout
+    for module in (checkout, provenance):  # as from a clean checkout (provenance holds its own reference)
+        monkeypatch.setattr(module, "git_commit", lambda *a, **k: "c" * 40)
     (tmp_path / "a.md").write_text(table_text([("RESFL lowers the Fairness Score vs FedAvg", "reproduced",
                                                 "difference -0.1000 [-0.2000, -0.0500] (n = 3)")]))
     (tmp_path / "index.yaml").write_text("columns:\n  - {header: A, file: a.md}\n")
@@ -98,6 +99,7 @@ def test_resfl_index_writes_the_matrix_file_and_the_readme_block(tmp_path, monke
     assert "| RESFL lowers ΔEOP by 17 % vs FedAvg | not in this table |" in text
     index = (tmp_path / "index.md").read_text()
     assert "- command: `resfl index --results-dir" in index and f"- commit: {'c' * 40}" in index
-    monkeypatch.setattr(checkout, "git_commit", lambda *a, **k: "c" * 40 + " (with uncommitted changes)")
+    for module in (checkout, provenance):
+        monkeypatch.setattr(module, "git_commit", lambda *a, **k: "c" * 40 + " (with uncommitted changes)")
     with pytest.raises(SystemExit, match="uncommitted changes"):
         main(["--results-dir", str(tmp_path), "--index", str(tmp_path / "index.yaml")])
