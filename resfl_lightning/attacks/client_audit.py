@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from resfl_lightning.attacks.reference_mia import reference_metrics
+from resfl_lightning.attacks.membership_scores import reference_metrics
 
 MIN_CLIENT_MEMBERS = 2  # a client with fewer sampled members gets no AUC of its own
 

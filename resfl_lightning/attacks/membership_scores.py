@@ -1,6 +1,7 @@
 """Per-example membership scores from reference models: LiRA (Carlini et al., "Membership Inference Attacks From
 First Principles", S&P 2022) and RMIA (Zarifzadeh et al., ICML 2024). Pure functions of the target model's and the
-reference models' per-example confidences; which models are trained, and on what, is the attack's business.
+reference models' per-example confidences, and the metrics read off the scores (reference_metrics); which models
+are trained, and on what, is the attack's business.
 
 Confidence of a model on an example: the probability p it gives the example's true label (classification), or
 exp(-loss) of an image under the detector's own criterion (detection). LiRA works on its logit-scaled form
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.stats import norm
+from sklearn.metrics import roc_auc_score
 
+from resfl_lightning.attacks.mia import tpr_at_fpr
+
+REFERENCE_FPRS = (0.001, 0.01)  # the low-FPR regime LiRA / RMIA are judged in: attack/mia_tpr_at_fpr_{0.1,1}
 EPS = 1e-12  # keeps log and division finite at p = 0 or 1
 MIN_STD = 1e-6  # a reference spread of 0 (one reference, or identical ones) would make the likelihood degenerate
 
@@ -70,3 +75,14 @@ def rmia_scores(target: np.ndarray, reference: np.ndarray, population_target: np
         raise ValueError("RMIA needs at least one population sample z")
     # LR(x, z) >= gamma  <=>  ratio_x >= gamma * ratio_z, for every pair at once
     return (ratio_x[:, None] >= gamma * ratio_z[None, :]).mean(axis=1)
+
+
+def reference_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict[str, float]:
+    """AUC and TPR at FPR 0.1 / 1 % read on the target's own ROC (no threshold is chosen elsewhere)."""
+    ms, ns = np.asarray(member_scores, np.float64), np.asarray(nonmember_scores, np.float64)
+    labels = np.concatenate([np.ones(ms.size), np.zeros(ns.size)])
+    scores = np.concatenate([ms, ns])
+    out = {"auc": float(roc_auc_score(labels, scores))}
+    out.update({f"tpr_at_fpr_{t * 100:g}": tpr_at_fpr(labels, scores, t) for t in REFERENCE_FPRS})
+    out.update({"n_members": float(ms.size), "n_nonmembers": float(ns.size)})
+    return out

@@ -14,14 +14,12 @@ import time
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
-from resfl_lightning.attacks.membership_scores import lira_offline, rmia_scores
-from resfl_lightning.attacks.mia import tpr_at_fpr
+from resfl_lightning.attacks.client_audit import member_clients, per_client_metrics, worst_client
+from resfl_lightning.attacks.membership_scores import lira_offline, reference_metrics, rmia_scores
 from resfl_lightning.attacks.outputs import example_confidences
 from resfl_lightning.attacks.references import out_references
 
-REFERENCE_FPRS = (0.001, 0.01)  # the low-FPR regime LiRA / RMIA are judged in: attack/mia_tpr_at_fpr_{0.1,1}
 CLIENT_KEYS = ("auc", "tpr_at_fpr_0.1", "tpr_at_fpr_1")  # attack/mia_worst_client_<key>
 
 
@@ -37,22 +35,10 @@ def membership_scores(method: str, target: np.ndarray, reference: np.ndarray, po
     raise ValueError(f"reference membership scores: method must be lira or rmia, got {method!r}")
 
 
-def reference_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict[str, float]:
-    """AUC and TPR at FPR 0.1 / 1 % read on the target's own ROC (no threshold is chosen elsewhere)."""
-    ms, ns = np.asarray(member_scores, np.float64), np.asarray(nonmember_scores, np.float64)
-    labels = np.concatenate([np.ones(ms.size), np.zeros(ns.size)])
-    scores = np.concatenate([ms, ns])
-    out = {"auc": float(roc_auc_score(labels, scores))}
-    out.update({f"tpr_at_fpr_{t * 100:g}": tpr_at_fpr(labels, scores, t) for t in REFERENCE_FPRS})
-    out.update({"n_members": float(ms.size), "n_nonmembers": float(ns.size)})
-    return out
-
-
 def client_leakage(plan: Any, federation: Any, member_scores: np.ndarray,
                    nonmember_scores: np.ndarray) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
     """attack.mia.per_client: each client's members (plan.members grouped by owner) against every non-member, and
-    the worst client's attack/mia_worst_client* metrics (client_audit.py imports this module: imported here)."""
-    from resfl_lightning.attacks.client_audit import member_clients, per_client_metrics, worst_client
+    the worst client's attack/mia_worst_client* metrics."""
     from resfl_lightning.data.federated import base_data
 
     train = [c.train for c in base_data(federation.data).splits.clients]
