@@ -132,33 +132,46 @@ class Fate(Column):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttackedChange(Column):
-    """compare.compare_runs's metric `key` (ba_ad, dpa_eodd) between the privacy run and its run under `attack`;
-    empty without --robustness."""
+class AttackedRunColumn(Column):
+    """A column read from the method's run of the same seed under `attack`, which the table trains with the option
+    `option` names; empty without that run."""
 
     attack: str
+
+    def attacks(self) -> tuple[str, ...]:
+        return (self.attack,)
+
+    def attacked_run(self, runs: SeedRuns):
+        """The finished run under `attack` (compare.load_run), or None."""
+        return runs.load(runs.attacked[self.attack]) if self.attack in runs.attacked else None
+
+    def not_run(self) -> str:
+        return f"no finished {self.attack} run (--{self.option})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackedChange(AttackedRunColumn):
+    """compare.compare_runs's metric `key` (ba_ad, dpa_eodd) between the privacy run and its run under `attack`;
+    empty without --robustness."""
 
     @property
     def option(self) -> str | None:
         return "robustness"
 
     def value(self, runs: SeedRuns) -> float | None:
-        if self.attack not in runs.attacked:
-            return None
-        return compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]["value"]
+        attacked = self.attacked_run(runs)
+        return None if attacked is None else compare_runs(runs.run, attacked)["metrics"][self.key]["value"]
 
     def why_missing(self, runs: SeedRuns) -> str:
-        if self.attack not in runs.attacked:
-            return f"no finished {self.attack} run (--robustness)"
-        entry = compare_runs(runs.run, runs.load(runs.attacked[self.attack]))["metrics"][self.key]
+        attacked = self.attacked_run(runs)
+        if attacked is None:
+            return self.not_run()
+        entry = compare_runs(runs.run, attacked)["metrics"][self.key]
         return str(entry.get("reason", f"{self.key} undefined"))
-
-    def attacks(self) -> tuple[str, ...]:
-        return (self.attack,)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AuditValue(Column):
+class AuditValue(AttackedRunColumn):
     """A summary value (`summary_key`) of the method's membership-audit run of the same seed (trained with --audit:
     analysis/table.py ATTACK_OVERRIDES["audit"]); empty without it."""
 
@@ -170,18 +183,14 @@ class AuditValue(Column):
         return "audit"
 
     def value(self, runs: SeedRuns) -> float | None:
-        if self.attack not in runs.attacked:
+        attacked = self.attacked_run(runs)
+        if attacked is None or self.summary_key not in attacked.summary:
             return None
-        summary = runs.load(runs.attacked[self.attack]).summary
-        return finite(summary[self.summary_key]) if self.summary_key in summary else None
+        return finite(attacked.summary[self.summary_key])
 
     def why_missing(self, runs: SeedRuns) -> str:
-        if self.attack not in runs.attacked:
-            return f"no finished {self.attack} run (--audit)"
-        return missing_reason(runs.load(runs.attacked[self.attack]).summary, self.summary_key)
-
-    def attacks(self) -> tuple[str, ...]:
-        return (self.attack,)
+        attacked = self.attacked_run(runs)
+        return self.not_run() if attacked is None else missing_reason(attacked.summary, self.summary_key)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,11 +99,11 @@ def frozen_bases(out: Path, dataset: str, methods: list[str], user: list[str]) -
     if not path.is_file() and ledger_copy is not None and ledger_copy.is_file():
         path.write_text(ledger_copy.read_text())
     bases = json.loads(path.read_text()) if path.is_file() else {}
+    experiment = preset_experiment(dataset, user)
     for m in methods:
         if m not in bases:
             try:
-                choices = {"dataset": dataset, "algorithm": m, "experiment": preset_experiment(dataset, user)}
-                _, tuned, applied = with_tuned(user, choices)
+                _, tuned, applied = with_tuned(user, {"dataset": dataset, "algorithm": m, "experiment": experiment})
             except ConfigError as err:
                 raise ExperimentError(str(err)) from None
             bases[m] = {"file": None if tuned is None else recorded_path(tuned.path), "overrides": applied}

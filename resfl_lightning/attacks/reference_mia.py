@@ -69,16 +69,17 @@ def reference_membership_inference(plan: Any, federation: Any, model: Any, round
     scores = membership_scores(mia.method, target, reference, pop_target, pop_reference, mia.rmia_gamma,
                                mia.rmia_offline_a)
     n = len(plan.members)
-    result = reference_metrics(scores[:n], scores[n:])
-    clients, worst = client_leakage(plan, federation, scores[:n], scores[n:]) if mia.per_client else (None, {})
+    members, nonmembers = scores[:n], scores[n:]
+    result = reference_metrics(members, nonmembers)
+    clients, worst = client_leakage(plan, federation, members, nonmembers) if mia.per_client else (None, {})
     details = {
         "method": mia.method, "target": result, "references": len(models), "reference_rounds": refs.rounds_done,
         "reference_train_sizes": [len(t) for t in refs.trained_on], "pool_size": len(refs.pool),
         "out_references_per_candidate": int(reference.shape[0]),
-        "score_means": {"target_members": float(scores[:n].mean()), "target_nonmembers": float(scores[n:].mean())},
+        "score_means": {"target_members": float(members.mean()), "target_nonmembers": float(nonmembers.mean())},
         "split_sizes": {"target_members": n, "target_nonmembers": len(plan.split.target_nonmembers)},
         # every candidate's score: the ROC `resfl report` draws on log-log axes (analysis/report.py::plot_mia_roc)
-        "scores": {"members": scores[:n].tolist(), "nonmembers": scores[n:].tolist()},
+        "scores": {"members": members.tolist(), "nonmembers": nonmembers.tolist()},
     }
     metrics = {f"attack/mia_{k}": float(v) for k, v in result.items()}
     if clients is not None:
