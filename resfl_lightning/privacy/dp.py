@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import opacus
 import torch
 from opacus import GradSampleModule
@@ -43,6 +44,7 @@ grad_sample_store.install()  # opacus' per-sample gradients without its zero-fil
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect")
 HISTORY_KEY = "dp.history"  # client-local state: the accountant's (noise multiplier, sample rate, steps) rows
 SIGNAL_KEY = "dp.signal"  # client-local state: ||g_c|| of every DP-SGD step so far (the NSR's signal)
+CLIPPING_KEY = "dp.clipping"  # client-local state: (median ||g_i||, share of clipped examples) of every step so far
 LAMBDA_HISTORY_KEY = "dp.lambda_history"  # client-local state: the epsilon_lambda accountant's rows (PUFFLE)
 STAT_HISTORY_KEY = "dp.stat_history"  # client-local state: (noise multiplier, releases) of PUFFLE's shared counts
 
@@ -213,9 +215,18 @@ class ClientDPOptimizer(DPOptimizer):
 
     `signal_norms` (None: not measured) receives ||g_c|| of each step, g_c = (1/B) sum_i clip_C(g_i) with B the
     expected batch size (opacus' divisor): opacus' clipped sum `summed_grad`, read before the noise is added. Only
-    read (no RNG, no write), so the step is the same with or without it; kept on the device (no host read)."""
+    read (no RNG, no write), so the step is the same with or without it; kept on the device (no host read).
+    `clipping` receives, under the same switch, each step's median per-example norm ||g_i|| before clipping and the
+    share of examples with ||g_i|| > C: how far below the gradients C sits (all clipped: the step is lr C times a
+    mean of unit vectors, so lr and C act only through their product)."""
 
     signal_norms: list[torch.Tensor] | None = None
+    clipping: list[torch.Tensor] | None = None
+
+    def _record_clipping(self, norms: torch.Tensor) -> None:
+        if self.signal_norms is not None and self.clipping is not None and norms.numel():
+            self.clipping.append(torch.stack([norms.median(), (norms > self.max_grad_norm).double().mean()
+                                              .to(norms.dtype)]).detach())
 
     def add_noise(self) -> None:
         if self.signal_norms is not None:
@@ -228,9 +239,13 @@ class ClientDPOptimizer(DPOptimizer):
         """opacus' clipping; with book-keeping placeholders (privacy/bookkeeping.py) the norms and the clipped sums of
         those parameters come from their factors, the same formulas otherwise (opacus' own code when there are none)."""
         if not any(bookkeeping.holds_factors(p.grad_sample) for p in self.params):
+            if self.grad_samples and len(self.grad_samples[0]):  # opacus' own norms, recomputed only to be recorded
+                self._record_clipping(torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in self.grad_samples],
+                                                  dim=1).norm(2, dim=1))
             return super().clip_and_accumulate()
         samples = [bookkeeping.flat(p.grad_sample) for p in self.params]
         norms = torch.stack([bookkeeping.per_sample_norms(s) for s in samples], dim=1).norm(2, dim=1)
+        self._record_clipping(norms)
         clip = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
         for p, sample in zip(self.params, samples, strict=True):
             _check_processed_flag(p.grad_sample)
@@ -265,6 +280,7 @@ class ClientDP(ClientPlugin):
         self.q: float | None = None
         self.sigma: float | None = None
         self.signal: list[float] = []  # ||g_c|| of the client's earlier rounds' steps (client-local state)
+        self.clip_rows: list[list[float]] = []  # (median ||g_i||, clipped share) of those steps (client-local state)
         self.parts = budget_parts(settings.target_epsilon, settings.target_delta, settings.epsilon_split)
         self.lambda_accountant = create_accountant(settings.accountant)  # PUFFLE's noisy lambda updates
         self.lambda_sigma: float | None = None
@@ -275,7 +291,8 @@ class ClientDP(ClientPlugin):
     def export_state(self) -> dict[str, torch.Tensor]:
         rows = [list(map(float, row)) for row in self.accountant.history]
         state = {HISTORY_KEY: torch.tensor(rows, dtype=torch.float64).reshape(-1, 3),
-                 SIGNAL_KEY: torch.tensor(self.signal_history(), dtype=torch.float64)}
+                 SIGNAL_KEY: torch.tensor(self.signal_history(), dtype=torch.float64),
+                 CLIPPING_KEY: torch.tensor(self.clipping_history(), dtype=torch.float64).reshape(-1, 2)}
         if self.lambda_accountant.history:
             rows = [list(map(float, row)) for row in self.lambda_accountant.history]
             state[LAMBDA_HISTORY_KEY] = torch.tensor(rows, dtype=torch.float64).reshape(-1, 3)
@@ -288,12 +305,15 @@ class ClientDP(ClientPlugin):
         self.accountant = create_accountant(self.settings.accountant)
         self.lambda_accountant = create_accountant(self.settings.accountant)
         self.signal, self.sigma, self.q, self.lambda_sigma, self.stat_history = [], None, None, None, []
+        self.clip_rows = []
         if self.optimizer is not None:
-            self.optimizer.signal_norms = []
+            self.optimizer.signal_norms, self.optimizer.clipping = [], []
         if state is not None and HISTORY_KEY in state:
             self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state[HISTORY_KEY].tolist()]
         if state is not None and SIGNAL_KEY in state:
             self.signal = [float(v) for v in state[SIGNAL_KEY].tolist()]
+        if state is not None and CLIPPING_KEY in state:  # absent in checkpoints written before it was recorded
+            self.clip_rows = state[CLIPPING_KEY].tolist()
         if state is not None and LAMBDA_HISTORY_KEY in state:
             self.lambda_accountant.history = [(float(s), float(q), int(n))
                                               for s, q, n in state[LAMBDA_HISTORY_KEY].tolist()]
@@ -308,9 +328,18 @@ class ClientDP(ClientPlugin):
             fresh.clear()
         return list(self.signal)
 
+    def clipping_history(self) -> list[list[float]]:
+        """[median ||g_i||, share of examples clipped] of every DP-SGD step this client took over the run."""
+        fresh = self.optimizer.clipping if self.optimizer is not None else None
+        if fresh:
+            self.clip_rows += torch.stack(fresh).tolist()
+            fresh.clear()
+        return [list(row) for row in self.clip_rows]
+
     def statistics(self) -> dict[str, float]:
         """The client's accounting numbers: z, q, steps taken so far, B, C, target epsilon (NaN: a fixed z), delta,
-        and the NSR z C / (B ||g_c||), the median over all its steps ({} before its first DP-SGD step)."""
+        the NSR z C / (B ||g_c||), the median over all its steps, and the per-example norms against C: the median
+        over steps of each step's median ||g_i|| and the mean share of clipped examples ({} before its first step)."""
         if self.sigma is None or self.q is None:
             return {}
         s, b = self.settings, self.optimizer.expected_batch_size
@@ -320,6 +349,9 @@ class ClientDP(ClientPlugin):
                "max_grad_norm": s.max_grad_norm, "target_epsilon": math.nan if target is None else float(target),
                "delta": s.target_delta,
                "nsr": median_noise_to_signal(self.sigma, s.max_grad_norm, b, self.signal_history())}
+        rows = np.asarray(self.clipping_history(), dtype=np.float64).reshape(-1, 2)
+        out["grad_norm_median"] = float(np.median(rows[:, 0])) if len(rows) else math.nan
+        out["clipped_share"] = float(rows[:, 1].mean()) if len(rows) else math.nan
         if s.epsilon_split is not None:  # PUFFLE's three parts: targets and what each has spent
             spent = self.part_epsilons()
             for name, part in self.parts.items():
@@ -359,9 +391,10 @@ class ClientDP(ClientPlugin):
             p.grad_sample = None
         if self.optimizer is not None:
             self.signal_history()  # keep the steps of an earlier optimizer of this client-round
+            self.clipping_history()
         self.optimizer = ClientDPOptimizer(optimizer, noise_multiplier=0.0, max_grad_norm=self.settings.max_grad_norm,
                                            expected_batch_size=1, loss_reduction="mean")
-        self.optimizer.signal_norms = []
+        self.optimizer.signal_norms, self.optimizer.clipping = [], []
         self.optimizer.attach_step_hook(self._account)
         return self.optimizer
 

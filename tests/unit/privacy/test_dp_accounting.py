@@ -15,7 +15,7 @@ from opacus.optimizers import DPOptimizer
 from callbacks.reports import ClientReportLogger, dp_run_metrics
 from callbacks.run_files import SUMMARY_PREFIXES
 from resfl_lightning.federation.local import local_train
-from resfl_lightning.privacy.dp import SIGNAL_KEY, ClientDPOptimizer, DPSettings, planned_steps, sample_rate
+from resfl_lightning.privacy.dp import CLIPPING_KEY, SIGNAL_KEY, ClientDPOptimizer, DPSettings, planned_steps, sample_rate
 from resfl_lightning.privacy.report import EPSILON_KEY, STATISTICS_KEY
 from resfl_lightning.privacy.signal import median_noise_to_signal, noise_to_signal
 from resfl_lightning.types import ClientReport
@@ -57,6 +57,26 @@ def test_signal_is_the_norm_of_the_clipped_mean_of_independent_per_example_gradi
     assert stats["nsr"] == pytest.approx(3.0 * clip / float(clipped_sum.norm()), rel=1e-4)  # B cancels
 
 
+@pytest.mark.parametrize("clipping", ["bookkeeping", "per_sample"])
+def test_per_example_norms_against_the_clip_are_those_of_independent_gradients(clipping):
+    """One step, both clipping paths: the recorded median ||g_i|| and share of clipped examples equal those of the
+    per-example gradients of a hook-free copy of the model."""
+    clip = 1.0  # between this batch's smallest and largest ||g_i|| (0.76 to 2.0)
+    client, optimizer, batch, grads = clipped_step_setup(clip, noise_multiplier=1.0, clipping=clipping)
+    norms = torch.stack([g.norm() for g in grads])
+    assert 0 < float((norms > clip).double().mean()) < 1  # a case where the share is neither 0 nor 1
+    client.train()
+    loss = client.training_step(batch, 0)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    ((median, share),) = dp_of(client).clipping_history()
+    assert median == pytest.approx(float(norms.median()), rel=1e-4)
+    assert share == pytest.approx(float((norms > clip).double().mean()), abs=1e-12)
+    stats = dp_of(client).statistics()
+    assert stats["grad_norm_median"] == pytest.approx(median) and stats["clipped_share"] == pytest.approx(share)
+
+
 def _train(measure: bool, monkeypatch) -> tuple[list[torch.Tensor], object]:
     if not measure:  # opacus' own add_noise: nothing is read before the noise
         monkeypatch.setattr(ClientDPOptimizer, "add_noise", DPOptimizer.add_noise)
@@ -88,15 +108,21 @@ def test_statistics_and_their_client_state(monkeypatch):
     b, steps = round(q * data.num_train(0)), planned_steps(dp_of(client).settings, q)
     assert stats == {"noise_multiplier": 1.0, "sample_rate": q, "steps": float(steps),
                      "expected_batch_size": float(b), "max_grad_norm": 1.0, "target_epsilon": stats["target_epsilon"],
-                     "delta": 1e-6, "nsr": pytest.approx(float(np.median([1.0 / (b * s) for s in signal])))}
+                     "delta": 1e-6, "nsr": pytest.approx(float(np.median([1.0 / (b * s) for s in signal]))),
+                     "grad_norm_median": stats["grad_norm_median"], "clipped_share": stats["clipped_share"]}
+    rows = dp_of(client).clipping_history()
+    assert len(rows) == len(signal)  # one row a DP-SGD step
+    assert stats["grad_norm_median"] == pytest.approx(float(np.median([r[0] for r in rows])))
+    assert stats["clipped_share"] == pytest.approx(float(np.mean([r[1] for r in rows])))
     assert math.isnan(stats["target_epsilon"])  # a fixed z has no target
     state = dp_of(client).export_state()
-    assert state[SIGNAL_KEY].tolist() == signal
+    assert state[SIGNAL_KEY].tolist() == signal and state[CLIPPING_KEY].tolist() == rows
     other = dp_tabular_client(dp_of(client).settings)
     dp_of(other).import_state(state)  # a resumed client keeps its steps' signal (the run's median stays the run's)
     assert dp_of(other).signal_history() == signal and dp_of(other).statistics() == {}  # no step this round yet
+    assert dp_of(other).clipping_history() == rows
     dp_of(other).import_state(None)
-    assert dp_of(other).signal_history() == []
+    assert dp_of(other).signal_history() == [] and dp_of(other).clipping_history() == []
 
 
 def _report(cid: int, **dp) -> ClientReport:
