@@ -29,6 +29,7 @@ from resfl_lightning.analysis.tune_grid import (
     ExperimentError,
     TuneSettings,
     concrete,
+    grid_file,
     load_grid,
     load_settings,
     reserved_seeds,
@@ -140,6 +141,7 @@ class MethodTuning:
     selection: Selection
     max_increase: float | None
     outcome: str = ""  # what happened to the method's tuned file
+    grid_file: str = ""  # the grid's path under conf/: tune/[<experiment>/]<method>.yaml ("": tune/<method>.yaml)
 
     def series(self, trial: int, key: str) -> dict[int, float | None]:
         return series(self.values[trial], key)
@@ -190,14 +192,16 @@ def floored(trial: TrialValues, learned: TrialValues | None, settings: TuneSetti
 
 
 def tune_method(method: str, grid: list[tuple[str, ...]], trials: list[list[str]], base: dict, out: Path,
-                seeds: list[int], settings: TuneSettings, references: References = References()) -> MethodTuning:
+                seeds: list[int], settings: TuneSettings, references: References = References(),
+                grid_path: str | None = None) -> MethodTuning:
     """The method's finished runs and the rule's selection among its trials (`references`: the presets the rule
-    compares with, `References.read`)."""
+    compares with, `References.read`; `grid_path`: the grid's path under conf/, default tune/<method>.yaml)."""
     values = {t: {s: run_values(run_dir_for(out, method, t, s), settings) for s in seeds} for t in range(len(grid))}
     limit = settings.max_increase_for(method)
     candidates = [floored(trial_values(values, t), references.learned, settings) for t in values]
     selection = select_trial(candidates, seeds, limit, references.fairness)
-    return MethodTuning(method, grid, trials, base, values, selection, limit)
+    return MethodTuning(method, grid, trials, base, values, selection, limit,
+                        grid_file=grid_path or f"tune/{method}.yaml")
 
 
 # --- the outputs ----------------------------------------------------------------------------------------------------
@@ -218,7 +222,7 @@ def method_lines(t: MethodTuning, seeds: list[int], utility_name: str) -> list[s
     dp = any((v or {}).get("epsilon") is not None for runs in t.values.values() for v in runs.values())
     reference = t.selection.reference
     extra = (["val Fairness Score (Δ vs reference)"] if constrained else []) + (["ε spent (max)"] if dp else [])
-    lines = [f"## {t.method}", "", f"Grid: conf/tune/{t.method}.yaml. Base (applied to every trial): {base}.", "",
+    lines = [f"## {t.method}", "", f"Grid: conf/{t.grid_file or f'tune/{t.method}.yaml'}. Base (applied to every trial): {base}.", "",
              "| trial | overrides | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean val {utility_name} | "
              + "".join(f"{h} | " for h in extra) + "verdict |",
              "| ---: | --- |" + " ---: |" * (len(seeds) + 1 + len(extra)) + " --- |"]
@@ -352,9 +356,8 @@ def check_user_overrides(user: list[str], grids: dict[str, list[tuple[str, ...]]
     for m, grid in grids.items():
         clash = sorted(own & set().union(*map(trial_keys, grid)))
         if clash:
-            raise ExperimentError(f"overrides: {clash} are tuned by conf/tune/{m}.yaml; fixing them would leave its "
-                                  "trials "
-                            "unequal")
+            raise ExperimentError(f"overrides: {clash} are tuned by {m}'s grid (conf/tune/); fixing them would "
+                                  "leave its trials unequal")
 
 
 class Tune(Experiment):
@@ -377,7 +380,9 @@ class Tune(Experiment):
         if not 1 <= k <= settings.trials:
             raise ExperimentError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
         user = [o for o in ctx.overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases)
-        grids = {m: load_grid(m, settings)[:k] for m in methods}
+        experiment = preset_experiment(ctx.dataset, ctx.overrides)
+        grids = {m: load_grid(m, settings, experiment=experiment)[:k] for m in methods}
+        grid_files = {m: grid_file(m, experiment).relative_to(conf_dir()).as_posix() for m in methods}
         check_user_overrides(ctx.overrides, grids)
         out.mkdir(parents=True, exist_ok=True)
         # the reference presets run too (trial 0 only) when their method is not tuned here
@@ -387,7 +392,8 @@ class Tune(Experiment):
                                                   *bases[m]["overrides"], *user]) for m in methods}
         run_trials |= {m: [[]] for m in reference_only}
         return {"settings": settings, "methods": methods, "seeds": seeds, "k": k, "user": user, "grids": grids,
-                "reference_only": reference_only, "bases": bases, "run_trials": run_trials}
+                "reference_only": reference_only, "bases": bases, "run_trials": run_trials,
+                "grid_files": grid_files}
 
     def default_out(self, ctx: Context) -> Path:
         return experiment_out("tune", ctx)
@@ -409,7 +415,7 @@ class Tune(Experiment):
         settings, methods, seeds, k = t["settings"], t["methods"], t["seeds"], t["k"]
         references = References.read(out, seeds, settings)  # read once, for every method
         tunings = [tune_method(m, t["grids"][m], t["run_trials"][m], t["bases"][m], out, seeds, settings,
-                               references) for m in methods]
+                               references, t["grid_files"][m]) for m in methods]
         tasks = {v["task"] for tu in tunings for vs in tu.values.values() for v in vs.values() if v is not None}
         task = tasks.pop() if len(tasks) == 1 else "classification"
         experiment = preset_experiment(ctx.dataset, ctx.overrides)

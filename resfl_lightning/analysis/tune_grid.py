@@ -104,8 +104,13 @@ def reserved_seeds() -> set[int]:
     return set(range(table)) | set(frontier.tuning_seeds) | by_dataset | set(frontier.confirmation_seeds)
 
 
-def grid_file(method: str) -> Path:
-    return conf_dir() / "tune" / f"{method}.yaml"
+def grid_file(method: str, experiment: str | None = None, root: Path | None = None) -> Path:
+    """conf/tune/<experiment>/<method>.yaml when the experiment preset declares its own grid for the method (a
+    range that depends on the preset's scale, such as DP-SGD's lr x C against its gradient norms), else
+    conf/tune/<method>.yaml. `root`: conf/tune/."""
+    root = root if root is not None else conf_dir() / "tune"
+    own = root / experiment / f"{method}.yaml" if experiment else None
+    return own if own is not None and own.is_file() else root / f"{method}.yaml"
 
 
 def item_key(item: str) -> str:
@@ -139,10 +144,11 @@ def _check_item(path: Path, where: str, item, fixed: tuple[str, ...]) -> str:
     return key
 
 
-def load_grid(method: str, settings: TuneSettings, path: Path | None = None) -> list[tuple[str, ...]]:
+def load_grid(method: str, settings: TuneSettings, path: Path | None = None,
+              experiment: str | None = None) -> list[tuple[str, ...]]:
     """The method's trials as declared (`key*=f` unresolved), checked against the budget: exactly settings.trials
     trials, trial 0 empty (the preset), no trial twice, no key set twice in a trial, no fixed key."""
-    path = Path(path or grid_file(method))
+    path = Path(path or grid_file(method, experiment))
     if not path.is_file():
         raise ExperimentError(f"{path}: no grid for {method}: every method needs one (conf/tune/<method>.yaml)")
     try:

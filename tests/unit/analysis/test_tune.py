@@ -370,7 +370,7 @@ def test_user_overrides_may_not_fix_what_a_run_or_a_grid_sets():
     check_user_overrides(["federation.rounds=1", "use_tuned=false"], grids)
     with pytest.raises(ExperimentError, match=r"\['seed'\] are set by every tuning run"):
         check_user_overrides(["seed=3"], grids)
-    with pytest.raises(ExperimentError, match=r"\['algorithm.sam_rho'\] are tuned by conf/tune/fedsam.yaml"):
+    with pytest.raises(ExperimentError, match=r"\['algorithm.sam_rho'\] are tuned by fedsam's grid"):
         check_user_overrides(["algorithm.sam_rho=0.2"], grids)
     with pytest.raises(ExperimentError, match=r"\['optim.lr'\] are tuned"):
         check_user_overrides(["optim.lr=0.1"], grids)

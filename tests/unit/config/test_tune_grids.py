@@ -14,6 +14,7 @@ from resfl_lightning.analysis.tune_grid import (
     SCALE,
     ExperimentError,
     concrete,
+    grid_file,
     load_grid,
     load_settings,
     reserved_seeds,
@@ -44,6 +45,40 @@ def test_every_preset_has_a_grid_of_the_budget_with_the_preset_first():
         assert len(grid) == s.trials and grid[0] == (), method
         assert len(set(grid)) == len(grid), method
         assert (conf_dir() / "tune" / f"{method}.yaml").read_text().startswith("#"), f"{method}: no header comment"
+
+
+def preset_grids() -> list[tuple[str, str]]:
+    """(experiment, method) of every grid an experiment preset declares for itself: conf/tune/<experiment>/."""
+    return [(d.name, p.stem) for d in sorted((conf_dir() / "tune").iterdir()) if d.is_dir()
+            for p in sorted(d.glob("*.yaml"))]
+
+
+def test_an_experiment_preset_may_declare_its_own_grid_for_a_method(tmp_path: Path):
+    (tmp_path / "exp").mkdir()
+    for path in (tmp_path / "m.yaml", tmp_path / "exp" / "m.yaml"):
+        path.write_text("trials: []\n")
+    assert grid_file("m", "exp", tmp_path) == tmp_path / "exp" / "m.yaml"
+    assert grid_file("other", "exp", tmp_path) == tmp_path / "other.yaml"  # no own grid: the method's
+    assert grid_file("m", "another", tmp_path) == grid_file("m", None, tmp_path) == tmp_path / "m.yaml"
+
+
+def test_every_preset_grid_belongs_to_an_experiment_and_a_method_and_keeps_the_budget():
+    """The calibrated detection preset declares DP-SGD's lr x C grids of its own (conf/tune/table_synthetic/);
+    each is what a tune of that preset loads, has the budget and a header, and sets keys of the method's config."""
+    s, presets = load_settings(), algorithm_presets()
+    assert {m for e, m in preset_grids() if e == "table_synthetic"} == {"fedavg_dp", "pfu_fl", "puffle",
+                                                                         "puffle_resfl"}
+    for experiment, method in preset_grids():
+        path = conf_dir() / "tune" / experiment / f"{method}.yaml"
+        assert (conf_dir() / "experiment" / f"{experiment}.yaml").is_file() and method in presets, path
+        assert grid_file(method, experiment) == path and path.read_text().startswith("#"), path
+        grid = load_grid(method, s, experiment=experiment)
+        assert len(grid) == s.trials and grid[0] == () and grid != load_grid(method, s), path
+        settings = flatten(composed_settings([*common_overrides("synthetic", "group_skew", method),
+                                              f"experiment={experiment}"]))
+        for trial in grid:
+            assert trial_keys(trial) <= set(settings), f"{path}: {trial_keys(trial) - set(settings)}"
+            assert not any(SCALE in o for o in concrete(trial, settings))
 
 
 def test_every_grid_key_exists_and_every_scaled_value_resolves():
@@ -107,4 +142,9 @@ def test_every_trial_of_every_grid_passes_the_config_rules(dataset):
         base = [*common_overrides(dataset, "iid", method)]
         settings = flatten(composed_settings(base))
         for trial in load_grid(method, s)[3:]:  # trials 1-2 are every grid's shared optimiser axis
+            load_config(composed_settings([*base, *concrete(trial, settings)]))
+    for experiment, method in preset_grids() if dataset == "synthetic" else []:  # the presets are detection's
+        base = [*common_overrides(dataset, "iid", method), f"experiment={experiment}"]
+        settings = flatten(composed_settings(base))
+        for trial in load_grid(method, s, experiment=experiment)[1:]:
             load_config(composed_settings([*base, *concrete(trial, settings)]))
