@@ -12,6 +12,7 @@ A new rule is one module here (a subclass of either kind) + one yaml in conf/agg
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import torch
@@ -39,6 +40,12 @@ class AggregationRule:
         return type(self).__name__
 
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:
+        raise NotImplementedError
+
+    def preview(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        """The round's aggregate (float64) of the stack deltas[N, P] (rows following `reports`), as the orchestrator
+        would apply it, leaving the rule as it was (logged weights, state carried to the next round): what an attack
+        tailored to the rule evaluates (attacks/byzantine_calibrated.py). Call it after begin_round."""
         raise NotImplementedError
 
     # --- hooks for rules that need more than the round's updates (all no-ops by default) -----------------------
@@ -80,6 +87,14 @@ class StreamingRule(AggregationRule):
         scores = torch.tensor([self.score(r) for r in reports], dtype=torch.float64)
         w = torch.softmax(scores, dim=0).tolist()
         return {r.client_id: wi for r, wi in zip(reports, w)}
+
+    def preview(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        """sum_i omega_i delta_i, summed as the orchestrator sums a gathered round of a streaming rule."""
+        weights = self.weights(reports)
+        total = torch.zeros(deltas.shape[1], dtype=torch.float64, device=deltas.device)
+        for r, row in zip(reports, deltas):
+            total.add_(row.to(torch.float64), alpha=weights[r.client_id])
+        return total
 
 
 class GatherAllRule(AggregationRule):
@@ -125,6 +140,19 @@ class GatherAllRule(AggregationRule):
         if float(w.sum()) > 0:
             out[~mask] = (w[:, None] * deltas[:, ~mask].to(torch.float64)).sum(dim=0) / w.sum()
         return out
+
+    def preview(self, deltas: torch.Tensor, reports: list[ClientReport]) -> torch.Tensor:
+        """aggregate_round run on `deltas`, then the rule's attributes restored: a rule keeps its round state in
+        attributes it rebinds (logged weights, the aggregate it carries), so every rule, a user's own included,
+        previews exactly what it would aggregate. Its warnings are left to the round's real aggregate."""
+        saved = dict(vars(self))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return self.aggregate_round(deltas, reports)
+        finally:
+            vars(self).clear()
+            vars(self).update(saved)
 
     def parameter_part(self, vector: torch.Tensor, width: int) -> torch.Tensor:
         """A server-side whole-model vector (root update, global model, a stored aggregate) cut to the `width`

@@ -12,6 +12,11 @@ Report modes (`attack.byzantine.report`), i.e. the u an attacker sends beside it
   first reports as `honest`, and the round transform (attacks/byzantine_round.py) replaces its u once the round's
   reports are gathered.
 
+Strengths relative to the attack (`attack.byzantine.gamma`, `ipm_epsilon`): a number, or a name in
+RELATIVE_STRENGTHS evaluated at the attack's n (the federation's clients) and f (its round(fraction n) attackers):
+n_over_f = n/f, a sign flip that reverses FedAvg's mean (it does for gamma > n/f - 1); h_over_2f = (n - f)/(2f), half
+the IPM epsilon past which the mean reverses (f epsilon > n - f).
+
 Schedules (`attack.byzantine.schedule`): `per_round` redraws the attackers each round from (seed, round) (the
 behaviour before schedules existed); `fixed` draws the same attackers for the whole run from the seed.
 """
@@ -33,6 +38,25 @@ _ATTACKER_STREAM = 0x42595A  # separates this RNG stream from other uses of the 
 _FIXED_STREAM = 0x464958  # the fixed schedule's draw, apart from every per-round draw
 REPORT_MODES = ("honest", "sent", "lie", "mimic")
 SCHEDULES = ("fixed", "per_round")
+RELATIVE_STRENGTHS = {"n_over_f": lambda n, f: n / f, "h_over_2f": lambda n, f: (n - f) / (2 * f)}
+
+
+def is_strength(value: Any) -> bool:
+    """A positive finite number or a name in RELATIVE_STRENGTHS (the values the strength keys accept)."""
+    if isinstance(value, str):
+        return value in RELATIVE_STRENGTHS
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
+def strength(value: float | str, n: int, f: int) -> float:
+    """The number `value` stands for with n updates of which f are attackers (module docstring)."""
+    if not is_strength(value):
+        raise ValueError(f"strength must be a number > 0 or one of {list(RELATIVE_STRENGTHS)}, got {value!r}")
+    if not isinstance(value, str):
+        return float(value)
+    if not 0 < f < n:
+        raise ValueError(f"strength {value} needs 0 < f < n, got n={n}, f={f}")
+    return float(RELATIVE_STRENGTHS[value](n, f))
 
 
 def choose_attackers(num_clients: int, fraction: float, seed: int, round_idx: int) -> list[int]:

@@ -4,7 +4,9 @@ the label-flip data.
 Kinds (`attack.byzantine.kind`):
 - per client, on the attacker's own update: sign_flip (-gamma d, the original attack), scaling (gamma d, a boost);
 - omniscient, on the gathered round (every attacker sends one vector computed from the honest updates,
-  attacks/byzantine_vectors.py): gaussian, alie, ipm, min_max, min_sum;
+  attacks/byzantine_vectors.py): gaussian, alie, ipm, min_max, min_sum; and calibrated to the configured rule
+  (attacks/byzantine_calibrated.py, the strength searched on the rule's `preview` of the round): optimal_alie,
+  optimal_ipm, tailored_min_max, tailored_min_sum;
 - on the attacker's data: label_flip (y <- C - 1 - y on its training rows; tabular data only).
 The optional l2 bound rescales what an attacker sends; BatchNorm running statistics are left alone unless
 include_buffers. Omniscient kinds and the `mimic` report need the round's honest updates / reports: the transform
@@ -25,20 +27,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from resfl_lightning.attacks import byzantine_calibrated as calibrated
 from resfl_lightning.attacks import byzantine_vectors as vectors
-from resfl_lightning.attacks.byzantine import SCHEDULES, l2_bound, scheduled_attackers
+from resfl_lightning.attacks.byzantine import RELATIVE_STRENGTHS, SCHEDULES, is_strength, l2_bound, scheduled_attackers
 from resfl_lightning.attacks.robustness import AttackDataWrapper, ByzantineUpdate
 from resfl_lightning.attacks.settings import ByzantineSettings
 from resfl_lightning.config import ConfigError
 from resfl_lightning.types import ClientReport
 
 PER_CLIENT_KINDS = ("sign_flip", "scaling")
-OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum")
+CALIBRATED_KINDS = ("optimal_alie", "optimal_ipm", *calibrated.TAILORED)
+OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum", *CALIBRATED_KINDS)
+_GAMMA_KINDS = ("min_max", "min_sum", *calibrated.TAILORED)
 
 
 def needs_spread(settings: ByzantineSettings) -> bool:
     """Kinds whose vector uses the honest updates' standard deviation (undefined for one honest update)."""
-    return settings.kind == "alie" or (settings.kind in ("min_max", "min_sum") and settings.perturbation == "std")
+    return settings.kind in ("alie", "optimal_alie") or (settings.kind in _GAMMA_KINDS
+                                                         and settings.perturbation == "std")
+
+
 DATA_KINDS = ("label_flip",)
 KINDS = PER_CLIENT_KINDS + OMNISCIENT_KINDS + DATA_KINDS
 _GAUSSIAN_STREAM = 0x474155
@@ -52,9 +60,10 @@ class ByzantineAttackSettings(ByzantineSettings):
     schedule: str = "fixed"  # fixed: the same attackers every round | per_round: redrawn from (seed, round)
     std: float | None = None  # gaussian: the noise std; null = median honest norm / sqrt(|theta|)
     alie_z: str = "paper"  # paper: Phi^-1((n - s)/n) | honest: Phi^-1((h - s)/h)
-    ipm_epsilon: float = 0.1
-    perturbation: str = "unit"  # min_max / min_sum direction: unit | sign | std
-    gamma_init: float = 10.0  # min_max / min_sum: the search's first gamma (gamma stays <= 2 gamma_init)
+    ipm_epsilon: float | int | str = 0.1  # a number, or relative to the attack's n and f: n_over_f | h_over_2f
+    perturbation: str = "unit"  # min_max / min_sum (and tailored_) direction: unit | sign | std
+    gamma_init: float = 10.0  # min_max / min_sum: the search's first gamma (gamma <= 2 gamma_init)
+    search_evals: int = 16  # calibrated kinds: evaluations of the rule in the line search
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -68,16 +77,29 @@ class ByzantineAttackSettings(ByzantineSettings):
                               "sends once the round is gathered, after the reports; use honest, lie or mimic")
         if self.std is not None and not (self.std >= 0 and math.isfinite(self.std)):
             raise ConfigError(f"attack.byzantine.std: must be null or a finite number >= 0, got {self.std}")
-        if not self.ipm_epsilon > 0:
-            raise ConfigError(f"attack.byzantine.ipm_epsilon: must be > 0, got {self.ipm_epsilon}")
+        if not is_strength(self.ipm_epsilon):
+            raise ConfigError(f"attack.byzantine.ipm_epsilon: must be > 0 or one of {list(RELATIVE_STRENGTHS)}, got "
+                              f"{self.ipm_epsilon!r}")
+        if self.search_evals < 1:
+            raise ConfigError(f"attack.byzantine.search_evals: must be >= 1, got {self.search_evals}")
         if not self.gamma_init > 0:
             raise ConfigError(f"attack.byzantine.gamma_init: must be > 0, got {self.gamma_init}")
 
 
 class ByzantineRound(ByzantineUpdate):
-    """ByzantineUpdate (per-client sign flip, report modes) with schedules, the other kinds and the round hook."""
+    """ByzantineUpdate (per-client sign flip, report modes) with schedules, the other kinds and the round hook.
+
+    `rule` is the run's aggregation rule, whose `preview` the calibrated kinds search on; `calibrated` holds the
+    round index and the last calibrated search's result (for the round's metrics)."""
 
     settings: ByzantineAttackSettings
+
+    def __init__(self, num_clients: int, settings: ByzantineAttackSettings, seed: int, mask: torch.Tensor | None = None,
+                 clip_low: float = 0.0, rule=None):
+        super().__init__(num_clients, settings, seed, mask, clip_low)
+        self.epsilon = self.resolve("ipm_epsilon", settings.ipm_epsilon)
+        self.rule = rule
+        self.calibrated: tuple[int, calibrated.Calibrated] | None = None
 
     @property
     def needs_round(self) -> bool:
@@ -93,7 +115,7 @@ class ByzantineRound(ByzantineUpdate):
             return super().__call__(client_id, round_idx, delta)
         if kind != "scaling" or client_id not in self.attackers(round_idx):
             return delta  # omniscient kinds act in round_transform, label_flip on the data
-        return self._send(delta, lambda own: own * self.settings.gamma)
+        return self._send(delta, lambda own: own * self.gamma)
 
     def _send(self, own: torch.Tensor, make) -> torch.Tensor:
         """own with its attacked entries (parameters, or all with include_buffers) replaced by make(those entries),
@@ -139,7 +161,11 @@ class ByzantineRound(ByzantineUpdate):
             # computed on the coordinates it replaces: the buffers it leaves alone would otherwise carry most of the
             # norms and distances the Gaussian scale and the min-max / min-sum search read
             seen = deltas[honest] if self.mask is None else deltas[honest][:, self.mask.to(deltas.device)]
-            sent = self._omniscient(round_idx, seen, n=len(reports), f=len(rows))
+            if self.settings.kind in CALIBRATED_KINDS:
+                found = self._calibrated(seen, len(reports), len(rows), self._rule_aggregate(reports, deltas, rows))
+                self.calibrated, sent = (round_idx, found), found.sent
+            else:
+                sent = self._omniscient(round_idx, seen, n=len(reports), f=len(rows))
             for i in rows:
                 deltas[i] = self._send(deltas[i], lambda own, sent=sent: sent)
         return reports, deltas
@@ -149,7 +175,7 @@ class ByzantineRound(ByzantineUpdate):
         if s.kind == "alie":
             return vectors.alie(honest, f, s.alie_z)
         if s.kind == "ipm":
-            return vectors.ipm(honest, s.ipm_epsilon)
+            return vectors.ipm(honest, self.epsilon)
         if s.kind == "min_max":
             return vectors.min_max(honest, s.perturbation, s.gamma_init)
         if s.kind == "min_sum":
@@ -157,6 +183,35 @@ class ByzantineRound(ByzantineUpdate):
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
             [self.seed, round_idx, _GAUSSIAN_STREAM]).generate_state(1)[0]))
         return vectors.gaussian(honest, s.std, gen)
+
+    def _calibrated(self, honest: torch.Tensor, n: int, f: int, aggregate) -> calibrated.Calibrated:
+        s = self.settings
+        if s.kind == "optimal_alie":
+            try:
+                start = vectors.alie_z(n, f, s.alie_z)
+            except ValueError:  # no fixed z at this n, f (attackers hold a majority): search from 0, as byzfl does
+                start = 0.0
+            return calibrated.optimal_alie(honest, aggregate, start, s.search_evals)
+        if s.kind == "optimal_ipm":
+            return calibrated.optimal_ipm(honest, aggregate, self.epsilon, s.search_evals)
+        return calibrated.tailored(s.kind, honest, aggregate, s.perturbation, s.gamma_init, s.search_evals)
+
+    def _rule_aggregate(self, reports: list[ClientReport], deltas: torch.Tensor, rows: list[int]):
+        """aggregate(sent): the rule's preview of the round with every attacker's row sent as `round_transform`
+        sends it (l2 bound included), read on the attacked coordinates."""
+        if self.rule is None:
+            raise RuntimeError(f"attack.byzantine.kind={self.settings.kind} searches on the aggregation rule: "
+                               "ByzantineRound needs `rule` (ByzantineAttack passes the federation's aggregator)")
+        stack = deltas.clone()  # one working copy; only the attackers' rows change between evaluations
+        mask = None if self.mask is None else self.mask.to(deltas.device)
+
+        def aggregate(sent: torch.Tensor) -> torch.Tensor:
+            for i in rows:
+                stack[i] = self._send(deltas[i], lambda own: sent)
+            out = self.rule.preview(stack, reports)
+            return out if mask is None else out[mask]
+
+        return aggregate
 
 
 class LabelFlippedData(AttackDataWrapper):

@@ -39,7 +39,12 @@ def alie_z(n: int, f: int, form: str = "paper") -> float:
 def alie(honest: torch.Tensor, f: int, form: str = "paper") -> torch.Tensor:
     """ALIE: mu - z sigma (z from alie_z)."""
     x = _honest(honest, need=2)
-    z = alie_z(x.shape[0] + f, f, form)
+    return alie_at(x, alie_z(x.shape[0] + f, f, form))
+
+
+def alie_at(honest: torch.Tensor, z: float) -> torch.Tensor:
+    """mu - z sigma at a given z (the ALIE family whose z optimal ALIE searches)."""
+    x = _honest(honest, need=2)
     return x.mean(dim=0) - z * x.std(dim=0)
 
 

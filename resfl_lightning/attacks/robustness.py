@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from resfl_lightning.attacks.byzantine import attacker_report, byzantine_transform, choose_attackers
+from resfl_lightning.attacks.byzantine import attacker_report, byzantine_transform, choose_attackers, strength
 from resfl_lightning.attacks.poisoning import is_poison_round, poison_annotations, poisoned_clients
 from resfl_lightning.attacks.settings import ByzantineSettings, PoisoningSettings
 from resfl_lightning.attacks.targets import stream_seed
 from resfl_lightning.config import ConfigError
+from resfl_lightning.data.partition import count_from_fraction
 
 _POISON_SEED_STREAM = 0x504F53
 
@@ -26,12 +27,24 @@ class ByzantineUpdate:
     rescaled to an l2 bound; attackers are drawn per round from (seed, round) (byzantine.choose_attackers).
 
     `report` is the orchestrator's hook for what a client reports beside its update (byzantine.attacker_report);
-    `clip_low` is the lowest u the server accepts (ufm.clip_low), what a lying attacker reports."""
+    `clip_low` is the lowest u the server accepts (ufm.clip_low), what a lying attacker reports; `gamma` is the
+    number settings.gamma stands for (byzantine.strength)."""
 
     def __init__(self, num_clients: int, settings: ByzantineSettings, seed: int, mask: torch.Tensor | None = None,
                  clip_low: float = 0.0):
         self.num_clients, self.settings, self.seed, self.mask = num_clients, settings, seed, mask
         self.clip_low = clip_low
+        self.gamma = self.resolve("gamma", settings.gamma)
+
+    def resolve(self, key: str, value: float | str) -> float:
+        """The number a strength key stands for at this attack's n (clients) and f (attackers)."""
+        f = count_from_fraction(self.num_clients, self.settings.fraction)
+        if isinstance(value, str) and f == 0:
+            return 1.0  # no attacker ever sends: the relative strength is never used
+        try:
+            return strength(value, self.num_clients, f)
+        except ValueError as err:
+            raise ConfigError(f"attack.byzantine.{key}={value}: {err}") from None
 
     def report(self, client_id: int, round_idx: int, honest: Any, validate_sent: Callable[[], Any],
                report_u: Callable[[float, float], tuple[float, float, bool]]) -> tuple[Any, tuple[float, float, bool]]:
@@ -47,12 +60,12 @@ class ByzantineUpdate:
             return delta
         s = self.settings
         if self.mask is None:
-            return byzantine_transform(delta, s.gamma, s.l2_bound)
+            return byzantine_transform(delta, self.gamma, s.l2_bound)
         mask = self.mask.to(delta.device)
         if mask.numel() != delta.numel():
             raise ValueError(f"Byzantine mask has {mask.numel()} entries, the update {delta.numel()}")
         out = delta.clone()
-        out[mask] = byzantine_transform(delta[mask], s.gamma, s.l2_bound)
+        out[mask] = byzantine_transform(delta[mask], self.gamma, s.l2_bound)
         return out
 
 

@@ -1,7 +1,8 @@
 """Robustness attacks wired into the round loop (docs/method.md §7) and the EOD measurement their comparison needs.
 
 ByzantineAttack: adds the Byzantine update transform (sign flip, scaling, Gaussian, ALIE, IPM, min-max, min-sum,
-label flip; attackers fixed for the run or redrawn per round: attacks/byzantine_round.py) to the Federation.
+their calibrated forms, label flip; attackers fixed for the run or redrawn per round: attacks/byzantine_round.py) to
+the Federation.
 DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
 EqualizedOdds: EOD of the global model on the test split, from the predictions of the global evaluation's pass of
 that round (no second inference pass), whenever the global evaluation ran.
@@ -40,7 +41,7 @@ class ByzantineAttack(Attack):
     def on_fit_start(self, federation, model, layout) -> None:
         mask = None if self.settings.include_buffers else layout.parameter_mask(model)
         self.transform = ByzantineRound(federation.data.num_clients, self.settings, self.seed, mask,
-                                        clip_low=model.ufm.clip_low)
+                                        clip_low=model.ufm.clip_low, rule=federation.aggregator)
         # Replace (not stack) a transform left from an earlier fit of the same Federation.
         federation.update_transforms = [t for t in federation.update_transforms if not isinstance(t, ByzantineUpdate)]
         federation.update_transforms.append(self.transform)
@@ -56,6 +57,10 @@ class ByzantineAttack(Attack):
         metrics["attack/byzantine_num_attackers"] = float(len(attackers))
         # The share of the round's aggregation weight the attackers received (the rule's logged weights).
         metrics["attack/byzantine_weight_share"] = float(sum(w for cid, w in weights.items() if cid in attackers))
+        if self.transform.calibrated is not None and self.transform.calibrated[0] == round_idx:
+            found = self.transform.calibrated[1]  # the strength the search chose and how far it moved the aggregate
+            metrics["attack/byzantine_strength"] = float(found.strength)
+            metrics["attack/byzantine_deviation"] = float(found.deviation)
         for cid in range(federation.data.num_clients):
             metrics[f"attack/byzantine/client_{cid}"] = float(cid in attackers)
 

@@ -6,10 +6,9 @@ the attack's config node, so an unknown key or a value of the wrong type is repo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from resfl_lightning.attacks.byzantine import REPORT_MODES
+from resfl_lightning.attacks.byzantine import RELATIVE_STRENGTHS, REPORT_MODES, is_strength
 from resfl_lightning.attacks.poisoning import MODES
 from resfl_lightning.config import ConfigError
 
@@ -93,7 +92,7 @@ class UpdateAiaSettings:
 @dataclass
 class ByzantineSettings:
     fraction: float = 0.25
-    gamma: float = 1.0
+    gamma: float | int | str = 1.0  # a number, or relative to the attack's n and f: n_over_f | h_over_2f (byzantine.py)
     l2_bound: float | None = None
     include_buffers: bool = False  # flip BatchNorm running statistics too (can make variances negative)
     report: str = "honest"  # honest | sent | lie: what an attacker reports as u (attacks/byzantine.py)
@@ -101,8 +100,9 @@ class ByzantineSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.fraction <= 1:
             raise ConfigError(f"attack.byzantine.fraction: must be in [0, 1], got {self.fraction}")
-        if not (self.gamma > 0 and math.isfinite(self.gamma)):
-            raise ConfigError(f"attack.byzantine.gamma: must be > 0, got {self.gamma}")
+        if not is_strength(self.gamma):
+            raise ConfigError(f"attack.byzantine.gamma: must be > 0 or one of {list(RELATIVE_STRENGTHS)}, got "
+                              f"{self.gamma!r}")
         if self.l2_bound is not None and not self.l2_bound > 0:
             raise ConfigError(f"attack.byzantine.l2_bound: must be null or > 0, got {self.l2_bound}")
         if self.report not in REPORT_MODES:

@@ -104,3 +104,24 @@ def test_alie_with_one_honest_update_leaves_the_round_alone_and_says_so(tmp_path
         attacked, _ = _one_round(tmp_path, "alie", "attack=byzantine_alie", "attack.byzantine.fraction=0.75")
     step = sum(attacked.weights[cid] * clean.deltas[cid].double() for cid in range(4))
     torch.testing.assert_close(attacked.theta1.double() - attacked.theta0.double(), step, atol=1e-6, rtol=1e-5)
+
+
+def test_optimal_ipm_searches_on_the_configured_rule_and_logs_what_it_chose(tmp_path, clean):
+    """The calibrated kinds reach the run's own rule (here the coordinate median): the attackers send -eps x the
+    honest mean with the eps the search logged, the round applies the median of that stack, and the logged deviation
+    is how far that median lies from the honest mean on the attacked coordinates."""
+    attacked, fed = _one_round(tmp_path, "optimal_ipm", "attack=byzantine_optimal_ipm", "aggregation=median",
+                               "attack.byzantine.search_evals=6")
+    last = json.loads((fed.settings.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    eps = last["attack/byzantine_strength"]
+    attackers = fixed_attackers(4, 0.25, 0)
+    honest = [c for c in range(4) if c not in attackers]
+    is_param = _is_param(fed)
+    mean = torch.stack([clean.deltas[c].double() for c in honest]).mean(dim=0)
+    sent = torch.stack([clean.deltas[c] for c in range(4)])
+    for cid in attackers:
+        sent[cid, is_param] = (-eps * mean[is_param]).float()
+    median = sent.double().sort(dim=0).values[1:3].mean(dim=0)  # four updates: the mean of the middle two
+    torch.testing.assert_close(attacked.theta1.double() - attacked.theta0.double(), median, atol=1e-6, rtol=1e-5)
+    assert eps >= 0.1 and last["attack/byzantine_deviation"] == pytest.approx(
+        float((median[is_param] - mean[is_param]).norm()), rel=1e-5)
