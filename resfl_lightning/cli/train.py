@@ -36,19 +36,16 @@ def run(cfg: DictConfig):
 
 def apply_tuned(cfg: DictConfig) -> DictConfig:
     """The config composed again with conf/tuned/<dataset>/<algorithm>.yaml in front of the task's overrides
-    (run_config/tuned.py), or `cfg` itself when no tuned file applies."""
-    import os
-
+    (run_config/tuned.py), or `cfg` itself when no tuned file applies (Hydra's own path: -m and -r)."""
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
+    from resfl_lightning.cli.train_once import tuned_announce
     from resfl_lightning.run_config.tuned import recompose
 
     hydra_cfg = HydraConfig.get()
-    rank_zero = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
     again = recompose(list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices,
-                      lambda overrides: compose(config_name="train", overrides=overrides),
-                      announce=print if rank_zero else None)
+                      lambda overrides: compose(config_name="train", overrides=overrides), announce=tuned_announce())
     return cfg if again is None else again
 
 
@@ -79,26 +76,28 @@ def app(cfg: DictConfig) -> None:
         run(apply_tuned(cfg))
 
 
-def check_overrides(args: list[str]) -> None:
-    """A plain run's overrides composed once before Hydra starts, so that an unknown key or option is a config
-    error of one line with exit status 2 (Hydra prints its own over several lines); with Hydra's flags (--cfg, -m,
-    --help) Hydra reports them."""
-    if any(a.startswith("-") for a in args):
-        return
-    from hydra import compose, initialize_config_dir
+def train_job(cfg: DictConfig) -> None:
+    """A plain run's task (cli/train_once.py composed `cfg`, tuned file applied)."""
+    from resfl_lightning.cli.input_errors import reported_input_errors
 
-    from resfl_lightning.cli.input_errors import composition_errors, reported_input_errors
-
-    with reported_input_errors(), composition_errors(), initialize_config_dir(config_dir=CONF_DIR,
-                                                                              version_base="1.3"):
-        compose(config_name="train", overrides=args)
+    with reported_input_errors():
+        run(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the Hydra app on `argv` (default: the process's arguments); Hydra's flags (--help, --cfg, -m) work."""
+    """Run `argv` (default: the process's arguments): overrides alone are composed once (cli/train_once.py); with
+    Hydra's flags (--help, --cfg, -m, -r) Hydra's app runs them."""
+    from resfl_lightning.cli.train_once import is_plain, run_once
+
     command_line = list(sys.argv)
-    check_overrides(command_line[1:] if argv is None else list(argv))
-    args = tuned_args_for_printing(command_line[1:] if argv is None else list(argv))
+    args = command_line[1:] if argv is None else list(argv)
+    if is_plain(args):  # sys.argv stays the command line: Fabric's launcher re-runs it for the other ranks
+        from resfl_lightning.cli.input_errors import reported_input_errors
+
+        with reported_input_errors():  # a bad override or tuned file: one line, exit status 2
+            run_once(args, CONF_DIR, train_job)
+        return
+    args = tuned_args_for_printing(args)
     _COMMAND_LINE[:] = command_line
     sys.argv = [command_line[0], *args]  # Hydra parses sys.argv[1:]
     try:
