@@ -92,7 +92,10 @@ class DetectionClient(FederatedClient):
             fair = group_mean_distance(h, batch["groups"]) if h is not None else res.task * 0.0
         terms = self.plugin_terms(out, batch)
         unc_values = self.kl_coefficient() * res.fg_unc + res.fg_nig_reg
-        fisher = res.per_image_cls[self.correct_images(out, batch)] if w.lambda_curv > 0 else None
+        fisher = None
+        if w.lambda_curv > 0:  # no NMS for the correct images on a step the refreshed term skips
+            fisher = res.per_image_cls[self.correct_images(out, batch)] if self.curvature.due() else \
+                res.per_image_cls[:0]
         return self.compose_loss(res.task, adv, unc_values, res.fg_groups, fisher, res.parts, fair=fair,
                                  terms=terms)
 

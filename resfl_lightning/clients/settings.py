@@ -29,6 +29,8 @@ class LossWeights:
     w_fair: float = setting(0.0, "weight of the feature-mean gap L_fair (puffle_resfl, PFU-FL, PrivFairFL-Pre)", ge=0)
     anneal_rounds: int = setting(10, "KL annealing min(1, t / anneal_rounds), t in rounds", ge=1)
     curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
+    curv_refresh: int = setting(1, "the curvature term on one step in k on average (drawn with probability 1/k, "
+                                "weighted k: the same loss in expectation); 1 = every step", ge=1)
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
 
 

@@ -207,30 +207,55 @@ def _name_predicate(param_filter: ParamFilter) -> Callable[[str], bool]:
     return lambda name: name.startswith(prefixes)
 
 
+_REFRESH_STREAM = 0x43555256  # the refresh draws' own stream beside the cold-start vectors' (same client seed)
+
+
 class FisherCurvature:
     """Stateful L_curv: keeps the power-iteration vector between steps as a warm start.
 
     ``param_filter``: None (all trainable parameters), a name prefix, a sequence of prefixes, or a predicate on
-    parameter names. Call with the per-sample losses and the model (or an explicit parameter list)."""
+    parameter names. Call with the per-sample losses and the model (or an explicit parameter list).
 
-    def __init__(self, iters: int = 10, param_filter: ParamFilter = None, tol: float = 1e-3, seed: int = 0) -> None:
+    ``refresh`` = k > 1 computes the term on a step with probability 1/k (a seeded draw) and weighs it by k, a zero
+    otherwise: the same loss in expectation at 1/k of the cost (docs/performance.md, "The curvature row"); the power
+    iteration then runs only on those steps, warm-started from the vector they last held. k = 1 draws nothing.
+    `due()` draws a step's decision ahead, so that a caller skips preparing the samples (CurvFed's correct images)
+    on a step that will not use them; the next call takes that decision instead of drawing."""
+
+    def __init__(self, iters: int = 10, param_filter: ParamFilter = None, tol: float = 1e-3, seed: int = 0,
+                 refresh: int = 1) -> None:
         _check_iters(iters, tol)
+        if refresh < 1:
+            raise ValueError(f"FisherCurvature: refresh must be >= 1, got {refresh}")
         self.iters = iters
         self.tol = tol
+        self.refresh = refresh
         self.param_filter = param_filter
         self._predicate = _name_predicate(param_filter)
         self._generator = torch.Generator().manual_seed(seed)
+        self._draws = torch.Generator().manual_seed(seed ^ _REFRESH_STREAM)
         self.v: list[torch.Tensor] | None = None
         self.last_eigenvalue = 0.0
         self.last_iterations = 0
+        self._ahead: bool | None = None  # a decision due() drew for the next call
+
+    def due(self) -> bool:
+        """Whether the next call computes the term (drawn now with probability 1/refresh; always with refresh 1)."""
+        if self._ahead is None:
+            self._ahead = self.refresh == 1 or float(
+                torch.rand((), generator=self._draws, dtype=torch.float64)) < 1.0 / self.refresh
+        return self._ahead
 
     def reset(self) -> None:
         """Forget the warm-start vector (e.g. after loading a new global model)."""
         self.v = None
 
     def reseed(self, seed: int) -> None:
-        """Draw the next cold-start vector from `seed` (per client and round, so it is world-size independent)."""
+        """Draw the next cold-start vector and refresh draws from `seed` (per client and round, so they are
+        world-size independent)."""
         self._generator.manual_seed(seed)
+        self._draws.manual_seed(seed ^ _REFRESH_STREAM)
+        self._ahead = None
 
     def select_params(self, model: nn.Module) -> list[nn.Parameter]:
         params = [p for name, p in model.named_parameters() if p.requires_grad and self._predicate(name)]
@@ -244,7 +269,12 @@ class FisherCurvature:
         model_or_params: nn.Module | Sequence[torch.Tensor],
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, float]:
-        """Returns (v^T F v as a differentiable loss term, the top eigenvalue as a float)."""
+        """Returns (v^T F v as a differentiable loss term, the top eigenvalue as a float); with refresh k > 1, k v^T F v
+        on the steps drawn (probability 1/k) and a zero with the last eigenvalue on the others."""
+        due, self._ahead = self.due(), None
+        if not due:
+            self.last_iterations = 0
+            return per_sample_losses.new_zeros(()), self.last_eigenvalue
         if isinstance(model_or_params, nn.Module):
             params = self.select_params(model_or_params)
         else:
@@ -260,4 +290,5 @@ class FisherCurvature:
         eig, v, k = _power_iteration(op, v, self.iters, self.tol)
         self.v = v
         self.last_eigenvalue, self.last_iterations = eig, k
-        return op.curvature(v), eig
+        term = op.curvature(v)
+        return (term * self.refresh if self.refresh > 1 else term), eig

@@ -238,3 +238,78 @@ def test_warm_start_normalises_with_one_norm_over_all_tensors(monkeypatch):
     total = torch.cat([a.reshape(-1) for a in v0]).norm()
     torch.testing.assert_close(torch.cat([a.reshape(-1) for a in v]), torch.cat([a.reshape(-1) for a in v0]) / total)
     assert len(calls) == 1
+
+
+def _converged(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    _, v = fisher_top_eigenpair(_losses(model, x, y), list(model.parameters()), iters=500, tol=1e-10)
+    return v
+
+
+def test_refresh_one_is_the_term_of_every_step_and_draws_nothing():
+    model, (x, y) = _model(), _data()
+    params = list(model.parameters())
+    every, plain = FisherCurvature(iters=2, seed=5), FisherCurvature(iters=2, seed=5, refresh=1)
+    for _ in range(3):
+        a, eig_a = every(_losses(model, x, y), params)
+        b, eig_b = plain(_losses(model, x, y), params)
+        assert a.item() == b.item() and eig_a == eig_b and a.item() > 0
+    assert every._draws.get_state().equal(torch.Generator().manual_seed(5 ^ 0x43555256).get_state())
+
+
+def test_refresh_k_is_the_same_loss_in_expectation_and_its_gradient_too():
+    """k = 4 over 2,000 steps at a converged vector: the mean term and the mean gradient equal the every-step term's
+    (within 4 standard errors), a share ~1/k of the steps computes it, each at k times its value."""
+    model, (x, y), k, n = _model(), _data(), 4, 2000
+    params = list(model.parameters())
+    v = _converged(model, x, y)
+    exact = fisher_curvature_loss(_losses(model, x, y), params, v)
+    exact_grad = torch.autograd.grad(exact, params[0])[0]
+    helper = FisherCurvature(iters=1, tol=1e-6, seed=3, refresh=k)
+    values, grads = [], []
+    for _ in range(n):
+        helper.v = v
+        term, _ = helper(_losses(model, x, y), params)
+        values.append(term.item())
+        grads.append(torch.autograd.grad(term, params[0], allow_unused=True)[0] if term.requires_grad
+                     else torch.zeros_like(params[0]))
+    values = np.asarray(values)
+    computed = values[values != 0]
+    assert abs(len(computed) / n - 1 / k) < 4 * np.sqrt((1 / k) * (1 - 1 / k) / n)
+    np.testing.assert_allclose(computed, k * exact.item(), rtol=1e-6)
+    assert abs(values.mean() - exact.item()) < 4 * values.std(ddof=1) / np.sqrt(n)
+    g = torch.stack(grads).numpy()
+    se = g.std(axis=0, ddof=1) / np.sqrt(n)
+    assert (np.abs(g.mean(axis=0) - exact_grad.numpy()) <= 4 * se + 1e-12).all()
+
+
+def test_refresh_draws_are_reproducible_from_the_client_seed_and_skip_the_power_iteration():
+    model, (x, y) = _model(), _data()
+    params = list(model.parameters())
+
+    def pattern(seed: int) -> list[bool]:
+        helper = FisherCurvature(iters=3, refresh=3)
+        helper.reseed(seed)
+        out = []
+        for _ in range(30):
+            term, _ = helper(_losses(model, x, y), params)
+            out.append(term.item() != 0)
+            if not out[-1]:
+                assert helper.last_iterations == 0  # a skipped step runs no J v
+        return out
+
+    assert pattern(7) == pattern(7) != pattern(8)
+    assert 0 < sum(pattern(7)) < 30
+    with pytest.raises(ValueError, match="refresh must be >= 1"):
+        FisherCurvature(refresh=0)
+
+
+def test_a_decision_drawn_ahead_is_the_one_the_next_call_takes():
+    model, (x, y) = _model(), _data()
+    params = list(model.parameters())
+    ahead, inline = FisherCurvature(iters=2, refresh=3, seed=4), FisherCurvature(iters=2, refresh=3, seed=4)
+    for _ in range(20):
+        due = ahead.due()
+        assert ahead.due() == due  # drawn once per step
+        a, _ = ahead(_losses(model, x, y), params)
+        b, _ = inline(_losses(model, x, y), params)
+        assert (a.item() != 0) == due and a.item() == b.item()
