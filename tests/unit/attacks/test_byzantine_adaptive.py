@@ -232,6 +232,14 @@ def test_adaptive_drift_steps_along_one_fixed_direction_every_round():
     assert not torch.equal(A.drift_direction(5, 8), directions[0]) and float(directions[0].norm()) == pytest.approx(1)
 
 
+def test_attackers_whose_own_updates_average_to_zero_send_them_and_say_so():
+    t = ByzantineRound(4, ByzantineAttackSettings(kind="adaptive_trust", fraction=0.25), seed=0)
+    stack = with_attackers(t, torch.ones(3, 2), torch.zeros(1, 2))
+    with pytest.warns(RuntimeWarning, match="no estimate of the root update"):
+        _, out = t.round_transform(0, [report(i) for i in range(4)], stack)
+    assert torch.equal(out, stack) and t.adaptive is None
+
+
 # --- the cap promise under every adaptive kind ----------------------------------------------------------------------
 @settings(max_examples=120, deadline=None)
 @given(n=st.integers(4, 12), kind=st.sampled_from(KINDS), mode=st.sampled_from(["server", "checked"]),
