@@ -6,7 +6,9 @@ Kinds (`attack.byzantine.kind`):
 - omniscient, on the gathered round (every attacker sends one vector computed from the honest updates,
   attacks/byzantine_vectors.py): gaussian, alie, ipm, min_max, min_sum; and calibrated to the configured rule
   (attacks/byzantine_calibrated.py, the strength searched on the rule's `preview` of the round): optimal_alie,
-  optimal_ipm, tailored_min_max, tailored_min_sum;
+  optimal_ipm, tailored_min_max, tailored_min_sum; and adaptive to resfl_robust (attacks/byzantine_adaptive.py,
+  the root update estimated from the attackers' own updates): adaptive_cap, adaptive_trust, adaptive_drift;
+- adaptive_report: the sign flip, with a report inside resfl_robust's `mode=checked` check (`report` hook);
 - on the attacker's data: label_flip (y <- C - 1 - y on its training rows; tabular data only).
 The optional l2 bound rescales what an attacker sends; BatchNorm running statistics are left alone unless
 include_buffers. Omniscient kinds and the `mimic` report need the round's honest updates / reports: the transform
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from resfl_lightning.attacks import byzantine_adaptive as adaptive
 from resfl_lightning.attacks import byzantine_calibrated as calibrated
 from resfl_lightning.attacks import byzantine_vectors as vectors
 from resfl_lightning.attacks.byzantine import RELATIVE_STRENGTHS, SCHEDULES, is_strength, l2_bound, scheduled_attackers
@@ -37,7 +40,11 @@ from resfl_lightning.types import ClientReport
 
 PER_CLIENT_KINDS = ("sign_flip", "scaling")
 CALIBRATED_KINDS = ("optimal_alie", "optimal_ipm", *calibrated.TAILORED)
-OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum", *CALIBRATED_KINDS)
+ADAPTIVE_ROUND_KINDS = ("adaptive_cap", "adaptive_trust", "adaptive_drift")
+OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum", *CALIBRATED_KINDS, *ADAPTIVE_ROUND_KINDS)
+REPORT_KINDS = ("adaptive_report",)
+# what an adaptive kind reads of the rule (resfl_robust): the cap and softmax, or the check and the server's u formula
+_RULE_NEEDS = {"adaptive_cap": ("cap", "beta"), "adaptive_report": ("check_k", "policy")}
 _GAMMA_KINDS = ("min_max", "min_sum", *calibrated.TAILORED)
 
 
@@ -48,7 +55,7 @@ def needs_spread(settings: ByzantineSettings) -> bool:
 
 
 DATA_KINDS = ("label_flip",)
-KINDS = PER_CLIENT_KINDS + OMNISCIENT_KINDS + DATA_KINDS
+KINDS = PER_CLIENT_KINDS + OMNISCIENT_KINDS + REPORT_KINDS + DATA_KINDS
 _GAUSSIAN_STREAM = 0x474155
 
 
@@ -63,7 +70,9 @@ class ByzantineAttackSettings(ByzantineSettings):
     ipm_epsilon: float | int | str = 0.1  # a number, or relative to the attack's n and f: n_over_f | h_over_2f
     perturbation: str = "unit"  # min_max / min_sum (and tailored_) direction: unit | sign | std
     gamma_init: float = 10.0  # min_max / min_sum: the search's first gamma (gamma <= 2 gamma_init)
-    search_evals: int = 16  # calibrated kinds: evaluations of the rule in the line search
+    search_evals: int = 16  # calibrated kinds: evaluations of the rule in the line search; adaptive_cap: bisections
+    trust_margin: float = 0.1  # adaptive_trust / _drift: cosine with the root-update estimate; adaptive_cap: slack
+    report_margin: float = 0.5  # adaptive_report: eps in u_hat - (check_k - eps) SE
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -84,13 +93,22 @@ class ByzantineAttackSettings(ByzantineSettings):
             raise ConfigError(f"attack.byzantine.search_evals: must be >= 1, got {self.search_evals}")
         if not self.gamma_init > 0:
             raise ConfigError(f"attack.byzantine.gamma_init: must be > 0, got {self.gamma_init}")
+        if not 0 < self.trust_margin <= 1:
+            raise ConfigError(f"attack.byzantine.trust_margin: must lie in (0, 1], got {self.trust_margin}")
+        if not (self.report_margin > 0 and math.isfinite(self.report_margin)):
+            raise ConfigError(f"attack.byzantine.report_margin: must be a finite number > 0, got {self.report_margin}")
+        if self.kind in REPORT_KINDS and self.report != "honest":
+            raise ConfigError(f"attack.byzantine.report={self.report}: kind={self.kind} writes the attackers' report "
+                              "itself; leave report=honest")
 
 
 class ByzantineRound(ByzantineUpdate):
     """ByzantineUpdate (per-client sign flip, report modes) with schedules, the other kinds and the round hook.
 
-    `rule` is the run's aggregation rule, whose `preview` the calibrated kinds search on; `calibrated` holds the
-    round index and the last calibrated search's result (for the round's metrics)."""
+    `rule` is the run's aggregation rule, whose `preview` the calibrated kinds search on and whose parameters the
+    adaptive kinds read (never its root split or root update); `calibrated` holds the round index and the last
+    calibrated search's result, `adaptive` the round index and the cosine an adaptive kind aimed at (for the round's
+    metrics)."""
 
     settings: ByzantineAttackSettings
 
@@ -100,6 +118,26 @@ class ByzantineRound(ByzantineUpdate):
         self.epsilon = self.resolve("ipm_epsilon", settings.ipm_epsilon)
         self.rule = rule
         self.calibrated: tuple[int, calibrated.Calibrated] | None = None
+        self.adaptive: tuple[int, float] | None = None
+        self._drift: torch.Tensor | None = None
+        if rule is not None:
+            self._rule_for(settings.kind)
+
+    def _rule_for(self, kind: str):
+        """The rule, checked to have what `kind` reads of it (_RULE_NEEDS)."""
+        needs = _RULE_NEEDS.get(kind, ())
+        if needs and self.rule is None:
+            raise RuntimeError(f"attack.byzantine.kind={kind} reads the aggregation rule: ByzantineRound needs `rule` "
+                               "(ByzantineAttack passes the federation's aggregator)")
+        missing = [a for a in needs if not hasattr(self.rule, a)]
+        if missing:
+            raise ConfigError(f"attack.byzantine.kind={kind} attacks resfl_robust's {', '.join(needs)}: the run's "
+                              f"aggregation {type(self.rule).__name__} has no {missing[0]} "
+                              "(use algorithm=resfl_robust)")
+        if kind == "adaptive_report" and not self.settings.report_margin < self.rule.check_k:
+            raise ConfigError(f"attack.byzantine.report_margin={self.settings.report_margin}: must be below the "
+                              f"rule's aggregation.check_k={self.rule.check_k} (the report sits inside the check)")
+        return self.rule
 
     @property
     def needs_round(self) -> bool:
@@ -111,11 +149,23 @@ class ByzantineRound(ByzantineUpdate):
 
     def __call__(self, client_id: int, round_idx: int, delta: torch.Tensor) -> torch.Tensor:
         kind = self.settings.kind
-        if kind == "sign_flip":
+        if kind in ("sign_flip", "adaptive_report"):
             return super().__call__(client_id, round_idx, delta)
         if kind != "scaling" or client_id not in self.attackers(round_idx):
             return delta  # omniscient kinds act in round_transform, label_flip on the data
         return self._send(delta, lambda own: own * self.gamma)
+
+    def report(self, client_id: int, round_idx: int, honest, validate_sent, report_u):
+        """adaptive_report's attackers: the evaluation of what they send (as `sent`), u = the server's u formula on
+        it minus (check_k - report_margin) SE, never gated (attacks/byzantine_adaptive.py); else the report mode's."""
+        if self.settings.kind not in REPORT_KINDS or client_id not in self.attackers(round_idx):
+            return super().report(client_id, round_idx, honest, validate_sent, report_u)
+        rule = self._rule_for(self.settings.kind)
+        result = validate_sent()
+        ema, _, _ = report_u(result.ufm_raw, result.utility)  # the client's EMA state moves on as for `sent`
+        u_hat = rule.policy.server_u([result.ufm_raw], [result.utility])[0]
+        u = adaptive.within_se_report(u_hat, result.ufm_se, rule.check_k, self.settings.report_margin, self.clip_low)
+        return result, (ema, u, False)
 
     def _send(self, own: torch.Tensor, make) -> torch.Tensor:
         """own with its attacked entries (parameters, or all with include_buffers) replaced by make(those entries),
@@ -161,7 +211,16 @@ class ByzantineRound(ByzantineUpdate):
             # computed on the coordinates it replaces: the buffers it leaves alone would otherwise carry most of the
             # norms and distances the Gaussian scale and the min-max / min-sum search read
             seen = deltas[honest] if self.mask is None else deltas[honest][:, self.mask.to(deltas.device)]
-            if self.settings.kind in CALIBRATED_KINDS:
+            if self.settings.kind in ADAPTIVE_ROUND_KINDS:
+                own = deltas[rows] if self.mask is None else deltas[rows][:, self.mask.to(deltas.device)]
+                if not float(own.to(torch.float64).mean(dim=0).norm()) > 0:
+                    warnings.warn(f"round {round_idx}: the attackers' own updates average to zero, so "
+                                  f"{self.settings.kind} has no estimate of the root update; they send their own "
+                                  "updates this round", RuntimeWarning, stacklevel=2)
+                    return reports, deltas
+                found = self._adaptive(own, seen, [reports[i].u for i in honest + rows])
+                self.adaptive, sent = (round_idx, found.cosine), found.sent
+            elif self.settings.kind in CALIBRATED_KINDS:
                 found = self._calibrated(seen, len(reports), len(rows), self._rule_aggregate(reports, deltas, rows))
                 self.calibrated, sent = (round_idx, found), found.sent
             else:
@@ -183,6 +242,24 @@ class ByzantineRound(ByzantineUpdate):
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
             [self.seed, round_idx, _GAUSSIAN_STREAM]).generate_state(1)[0]))
         return vectors.gaussian(honest, s.std, gen)
+
+    def _adaptive(self, own: torch.Tensor, honest: torch.Tensor, u: list[float]) -> adaptive.Adaptive:
+        """The adaptive kind's vector from the attackers' own and the honest updates; `u` = the round's reported u,
+        honest rows first (adaptive_cap's estimate of the softmax; attacks/byzantine_adaptive.py)."""
+        s = self.settings
+        if s.kind == "adaptive_trust":
+            return adaptive.trust_aware(own, honest, s.trust_margin)
+        if s.kind == "adaptive_drift":
+            if self._drift is None or self._drift.numel() != honest.shape[1]:
+                self._drift = adaptive.drift_direction(honest.shape[1], self.seed)
+            return adaptive.drift(own, honest, self._drift.to(honest.device), s.trust_margin)
+        rule = self._rule_for(s.kind)
+        h = honest.shape[0]
+        if not rule.uses_client_evaluation:
+            # the server rates what it receives on its root split: the attackers expect a typical honest value
+            u = u[:h] + [float(np.median(u[:h]))] * (len(u) - h)
+        return adaptive.cap_aware(own, honest, np.asarray(u, dtype=np.float64), rule.beta, rule.cap(len(u)),
+                                  s.trust_margin, s.search_evals)
 
     def _calibrated(self, honest: torch.Tensor, n: int, f: int, aggregate) -> calibrated.Calibrated:
         s = self.settings

@@ -1,8 +1,8 @@
 """Robustness attacks wired into the round loop (docs/method.md §7) and the EOD measurement their comparison needs.
 
 ByzantineAttack: adds the Byzantine update transform (sign flip, scaling, Gaussian, ALIE, IPM, min-max, min-sum,
-their calibrated forms, label flip; attackers fixed for the run or redrawn per round: attacks/byzantine_round.py) to
-the Federation.
+their calibrated forms, the adaptive attacks on resfl_robust, label flip; attackers fixed for the run or redrawn per
+round: attacks/byzantine_round.py) to the Federation.
 DataPoisoning: wraps the federated data so the poisoned clients train on skewed annotations during the block.
 EqualizedOdds: EOD of the global model on the test split, from the predictions of the global evaluation's pass of
 that round (no second inference pass), whenever the global evaluation ran.
@@ -61,6 +61,9 @@ class ByzantineAttack(Attack):
             found = self.transform.calibrated[1]  # the strength the search chose and how far it moved the aggregate
             metrics["attack/byzantine_strength"] = float(found.strength)
             metrics["attack/byzantine_deviation"] = float(found.deviation)
+        if self.transform.adaptive is not None and self.transform.adaptive[0] == round_idx:
+            # the cosine with the attackers' estimate of the root update they aimed at
+            metrics["attack/byzantine_strength"] = float(self.transform.adaptive[1])
         for cid in range(federation.data.num_clients):
             metrics[f"attack/byzantine/client_{cid}"] = float(cid in attackers)
 
