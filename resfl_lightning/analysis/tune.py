@@ -222,7 +222,8 @@ def method_lines(t: MethodTuning, seeds: list[int], utility_name: str) -> list[s
     dp = any((v or {}).get("epsilon") is not None for runs in t.values.values() for v in runs.values())
     reference = t.selection.reference
     extra = (["val Fairness Score (Δ vs reference)"] if constrained else []) + (["ε spent (max)"] if dp else [])
-    lines = [f"## {t.method}", "", f"Grid: conf/{t.grid_file or f'tune/{t.method}.yaml'}. Base (applied to every trial): {base}.", "",
+    grid = t.grid_file or f"tune/{t.method}.yaml"
+    lines = [f"## {t.method}", "", f"Grid: conf/{grid}. Base (applied to every trial): {base}.", "",
              "| trial | overrides | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean val {utility_name} | "
              + "".join(f"{h} | " for h in extra) + "verdict |",
              "| ---: | --- |" + " ---: |" * (len(seeds) + 1 + len(extra)) + " --- |"]

@@ -15,7 +15,14 @@ from opacus.optimizers import DPOptimizer
 from callbacks.reports import ClientReportLogger, dp_run_metrics
 from callbacks.run_files import SUMMARY_PREFIXES
 from resfl_lightning.federation.local import local_train
-from resfl_lightning.privacy.dp import CLIPPING_KEY, SIGNAL_KEY, ClientDPOptimizer, DPSettings, planned_steps, sample_rate
+from resfl_lightning.privacy.dp import (
+    CLIPPING_KEY,
+    SIGNAL_KEY,
+    ClientDPOptimizer,
+    DPSettings,
+    planned_steps,
+    sample_rate,
+)
 from resfl_lightning.privacy.report import EPSILON_KEY, STATISTICS_KEY
 from resfl_lightning.privacy.signal import median_noise_to_signal, noise_to_signal
 from resfl_lightning.types import ClientReport
