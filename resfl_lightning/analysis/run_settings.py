@@ -121,7 +121,9 @@ MOVED_TARGETS = {
 # is another run). The synthetic benchmark's generator knobs exposed for the calibrated preset (docs/benchmark.md);
 # the group metrics' minimum group size and the CSV loader's merge of rare groups (issue 58: every group was kept);
 # the MIA's method, its reference-model knobs and the per-client audit (issue 56: every earlier run used the shadow
-# attack, which reads none); the calibrated Byzantine attacks' line-search budget (issue 57: no earlier kind reads it).
+# attack, which reads none); the calibrated Byzantine attacks' line-search budget (issue 57: no earlier kind reads it);
+# the defence fidelity options (issue 57 item 5: FLTrust's root steps, centered clipping's worker momentum, FLAME's
+# noise lambda), whose legacy values are the rules as they ran before.
 ADDED_KEYS: dict[str, Any] = {
     "dataset.dim_correlation": None, "dataset.background_correlation": None, "dataset.min_persons": 1,
     "dataset.max_persons": 4, "dataset.min_person_height": 0.15, "dataset.max_person_height": 0.6,
@@ -130,6 +132,7 @@ ADDED_KEYS: dict[str, Any] = {
     "metrics.min_group_size": 1, "dataset.merge_groups_below": 0,
     "attack.mia.method": "shadow", "attack.mia.references": 4, "attack.mia.rmia_gamma": 1.0,
     "attack.mia.rmia_offline_a": 1.0, "attack.mia.per_client": False, "attack.byzantine.search_evals": 16,
+    "aggregation.root_steps": "root_split", "aggregation.worker_momentum": 0.0, "aggregation.noise_lambda": 0.0,
 }
 
 
