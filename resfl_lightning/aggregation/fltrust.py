@@ -7,7 +7,8 @@ No bound on f. Gather-all here (memory N x |theta| float32); it could stream onc
 finish. Extra server cost per round: one local training on the root split: one pass of it per local epoch
 (`root_steps: root_split`, as before issue 57: one step on 100 rows, against ~10 per Adult client), or as many batches
 per local epoch as the median client (`matched`: the paper's server runs the clients' local iterations). Each round
-logs aggregation/fltrust_root_norm_ratio = ||g_0|| / median_i ||d_i||, the factor every update is rescaled by."""
+logs aggregation/fltrust_root_norm_ratio = ||g_0|| / median_i ||d_i||, the factor the median-norm update is rescaled
+by."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ class FLTrust(GatherAllRule):
         super().attach(federation, model, layout)
         self.root = federation.server_root(model, layout, self.root_size)
         if self.root_steps == "matched":
+            if any(p.per_example_loss for p in getattr(model, "plugins", ())):  # DP-SGD draws its own batches
+                raise ValueError("aggregation.root_steps=matched cannot set the root update's steps under DP-SGD "
+                                 "(Poisson batches); use root_steps=root_split")
             self.root.batches_per_epoch = median_client_batches(self.root.data)
 
     def begin_round(self, state, round_idx: int) -> None:

@@ -49,9 +49,14 @@ def test_root_passes_chain_reshuffled_passes_and_stop_at_the_clients_count():
         list(RootPasses(lambda seed: [], first=0, batches=2))
 
 
-def test_fltrust_rejects_an_unknown_root_steps_value():
+def test_fltrust_rejects_an_unknown_root_steps_value_and_matched_steps_under_dp_sgd():
     with pytest.raises(ValueError, match="aggregation.root_steps"):
         FLTrust(root_steps="many")
+    dp_client = SimpleNamespace(plugins=[SimpleNamespace(per_example_loss=True)])  # DP-SGD draws Poisson batches
+    federation = SimpleNamespace(server_root=lambda model, layout, size: SimpleNamespace(data=None))
+    layout = SimpleNamespace(parameter_mask=lambda model: torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="root_steps=matched cannot"):
+        FLTrust(root_steps="matched").attach(federation, dp_client, layout)
 
 
 def _fltrust_run(tmp_path: Path, name: str, root_steps: str, rounds: int = 2):
