@@ -5,10 +5,10 @@ on a small clean root split (federation/root.py) and trusts each update by TS_i 
 
 No bound on f. Gather-all here (memory N x |theta| float32); it could stream once g_0 is known before the clients
 finish. Extra server cost per round: one local training on the root split: one pass of it per local epoch
-(`root_steps: root_split`, as before issue 57: one step on 100 rows, against ~10 per Adult client), or as many batches
-per local epoch as the median client (`matched`: the paper's server runs the clients' local iterations). Each round
-logs aggregation/fltrust_root_norm_ratio = ||g_0|| / median_i ||d_i||, the factor the median-norm update is rescaled
-by."""
+(`root_steps: root_split`, as before issue 57: one step on 100 rows, against 26 per Adult client at the conf
+defaults), or as many batches per local epoch as the median client (`matched`: the paper's server runs the clients'
+local iterations). Each round logs aggregation/fltrust_root_norm_ratio = ||g_0|| / median_i ||d_i||, the factor the
+median-norm update is rescaled by."""
 
 from __future__ import annotations
 
