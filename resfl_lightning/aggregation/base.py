@@ -62,6 +62,10 @@ class AggregationRule:
         """After an applied (not skipped) round: the ServerState with the rule's own state written into `extra`."""
         return state
 
+    def round_metrics(self) -> dict[str, float]:
+        """Diagnostics of the round's aggregation the orchestrator logs with the round's metrics (none by default)."""
+        return {}
+
     def check_clients(self, num_clients: int) -> None:
         """Raise ValueError when the rule cannot aggregate this many updates (checked before the first round for the
         sampled count; a round left with fewer usable updates is skipped)."""

@@ -4,8 +4,9 @@
    (`cluster_on: updates` uses the updates d_i instead), min_cluster_size = floor(n/2) + 1, min_samples = 1,
    allow_single_cluster; the largest cluster is admitted, the rest (noise and smaller clusters) dropped.
 2. S = median over all n of ||W_i - G|| = ||d_i||; each admitted update is clipped to norm S; they are averaged.
-3. Optional Gaussian noise N(0, (lambda S)^2) per coordinate, lambda = (1/epsilon) sqrt(2 ln(1.25/delta)) (the
-   paper's epsilon, delta are not verified); drawn from (run seed, round), so every rank adds the same noise.
+3. Optional Gaussian noise N(0, (lambda S)^2) per coordinate, drawn from (run seed, round), so every rank adds the
+   same noise: `noise_lambda` gives lambda as the paper does (0.001 for image tasks; issue 57's fidelity option),
+   `epsilon` derives it as (1/epsilon) sqrt(2 ln(1.25/delta)) (the paper's epsilon, delta are not verified).
 Needs f < n/2. Gather-all: memory N x |theta| float32 plus one n x n float64 Gram matrix."""
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Flame(GatherAllRule):
     cluster_on: str = "models"  # models (W_i = G + d_i, the paper) | updates (d_i)
     epsilon: float | None = None  # noise off when null
     delta: float = 1e-3
+    noise_lambda: float = 0.0  # lambda of the noise std lambda * S; 0: off (the default, as before issue 57)
 
     def __post_init__(self) -> None:
         if self.cluster_on not in ("models", "updates"):
@@ -67,6 +69,11 @@ class Flame(GatherAllRule):
             raise ValueError(f"aggregation.epsilon must be > 0 or null, got {self.epsilon}")
         if not 0 < self.delta < 1:
             raise ValueError(f"aggregation.delta must lie in (0, 1), got {self.delta}")
+        if not (math.isfinite(self.noise_lambda) and self.noise_lambda >= 0):
+            raise ValueError(f"aggregation.noise_lambda must be a finite number >= 0, got {self.noise_lambda}")
+        if self.noise_lambda > 0 and self.epsilon is not None:
+            raise ValueError("aggregation.noise_lambda and aggregation.epsilon both set the noise scale: give one "
+                             f"(noise_lambda={self.noise_lambda}, epsilon={self.epsilon})")
         self.theta: torch.Tensor | None = None  # the global model G of the round
         self.seed, self.round_idx = 0, 0
         self._weights: dict[int, float] = {}
@@ -100,11 +107,11 @@ class Flame(GatherAllRule):
         median_norm = median(x.norm(dim=1))
         clipped, _ = norm_bound(x[admitted], median_norm)
         out = clipped.mean(dim=0)
-        if self.epsilon is not None:
+        scale = self.noise_lambda if self.epsilon is None else flame_noise_scale(self.epsilon, self.delta)
+        if scale > 0:
             gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
                 [self.seed, self.round_idx, _NOISE_STREAM]).generate_state(1)[0]))
-            std = flame_noise_scale(self.epsilon, self.delta) * median_norm
-            out = out + std * torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device)
+            out = out + scale * median_norm * torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device)
         return out
 
     def weights(self, reports: list[ClientReport]) -> dict[int, float]:

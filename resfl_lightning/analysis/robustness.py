@@ -40,8 +40,8 @@ class Cell:
 
     @property
     def name(self) -> str:
-        if self.attack == CLEAN:
-            return f"{self.defence}-clean"
+        if self.attack == CLEAN:  # a clean cell told f > 0 (clean_reference: same_f) names its f/n
+            return f"{self.defence}-clean" + (f"-f{round(100 * self.fraction):02d}" if self.fraction else "")
         return f"{self.defence}-{self.attack}-{self.report}-f{round(100 * self.fraction):02d}"
 
 
@@ -96,25 +96,59 @@ def reports_for(grid: dict, defence: str, attack: str) -> list[str]:
     return [r for r in grid["report_modes"] if not (r == "sent" and attack in grid["omniscient"])]
 
 
+# How an attacked cell finds its clean reference (grid key `clean_reference`): `shared`, the defence's one clean run
+# told f = 0 (the published grids); `same_f`, for a defence told f, a clean run told the same f as the attacked run.
+CLEAN_REFERENCES = ("shared", "same_f")
+
+
+def clean_reference_mode(grid: dict) -> str:
+    mode = grid.get("clean_reference", "shared")
+    if mode not in CLEAN_REFERENCES:
+        raise ExperimentError(f"conf/table/robustness.yaml clean_reference: {mode!r}; choose one of "
+                              f"{', '.join(CLEAN_REFERENCES)}")
+    return mode
+
+
+def clean_of(grid: dict, cell: Cell) -> Cell:
+    """The clean cell an attacked cell is paired with (a clean cell is its own): the defence's f = 0 clean cell, or
+    with clean_reference: same_f the clean cell of the cell's f/n where that f changes the defence's overrides."""
+    if cell.attack == CLEAN:
+        return cell
+    zero = Cell(cell.defence, CLEAN, "honest", 0.0)
+    if clean_reference_mode(grid) == "shared" or defence_overrides(grid, cell.defence, cell.fraction) == \
+            defence_overrides(grid, cell.defence, 0.0):
+        return zero
+    return Cell(cell.defence, CLEAN, "honest", cell.fraction)
+
+
 def grid_cells(grid: dict) -> list[Cell]:
-    """Every cell to train: each defence's clean cell, then its attacked cells it can serve."""
+    """Every cell to train: each defence's clean cell, then per f/n it can serve its clean cell told that f (where
+    clean_reference: same_f gives one) and its attacked cells."""
     cells = []
     for defence in grid["defences"]:
         cells.append(Cell(defence, CLEAN, "honest", 0.0))
         for fraction in grid["fractions"]:
             if not serves(grid, defence, fraction):
                 continue
-            cells += [Cell(defence, attack, report, fraction)
-                      for attack in grid["attacks"] for report in reports_for(grid, defence, attack)]
+            attacked = [Cell(defence, attack, report, fraction)
+                        for attack in grid["attacks"] for report in reports_for(grid, defence, attack)]
+            cells += [c for c in dict.fromkeys(clean_of(grid, a) for a in attacked) if c not in cells]
+            cells += attacked
     return cells
+
+
+def defence_overrides(grid: dict, defence: str, fraction: float) -> list[str]:
+    """The defence's overrides told the f of this f/n among the grid's clients ({f}, {trim_beta})."""
+    n = grid["clients"]
+    f = count_from_fraction(n, fraction)
+    values = {"f": f, "trim_beta": max(f / n, 0.1)}
+    return [o.format(**values) for o in grid["defences"][defence]["overrides"]]
 
 
 def cell_overrides(grid: dict, cell: Cell) -> list[str]:
     """The Hydra overrides of a cell (without seed, dataset or run_dir): defence, attack, fraction, report."""
     n = grid["clients"]
-    f = count_from_fraction(n, cell.fraction)
-    values = {"f": f, "trim_beta": max(f / n, 0.1)}
-    defence = [o.format(**values) for o in grid["defences"][cell.defence]["overrides"]]
+    defence = defence_overrides(grid, cell.defence, cell.fraction)
     if cell.attack == CLEAN:
         return [*defence, *grid["clean"], f"dataset.num_clients={n}"]
     spec = attack_spec(grid, cell.attack)
@@ -150,7 +184,10 @@ def train_overrides(dataset: str, scenario: str, grid: dict, cell: Cell, seed: i
 
 def assumed_f_keys(grid: dict, defence: str) -> set[str]:
     """The config keys through which the defence is told f (its overrides with a {f} or {trim_beta} field): the one
-    setting besides the attack in which an attacked run may differ from its clean run."""
+    setting besides the attack in which an attacked run may differ from its clean run (none with clean_reference:
+    same_f, where the clean run is told the same f)."""
+    if clean_reference_mode(grid) == "same_f":
+        return set()
     return {o.split("=", 1)[0] for o in grid["defences"][defence]["overrides"] if "{" in o}
 
 
@@ -171,13 +208,14 @@ def unpaired_cells(grid: dict, cells: list[Cell], composed) -> list[str]:
     """Plan-time check: for each attacked cell, what its composed config (composed(cell) on the first seed) changes
     beyond the attack against its defence's clean cell."""
     out = []
-    references: dict[str, dict] = {}  # each defence's clean config, composed once
+    references: dict[Cell, dict] = {}  # each clean config, composed once
     for cell in cells:
         if cell.attack == CLEAN:
             continue
-        if cell.defence not in references:
-            references[cell.defence] = composed(Cell(cell.defence, CLEAN, "honest", 0.0))
-        diff = pair_mismatch(references[cell.defence], composed(cell), assumed_f_keys(grid, cell.defence))
+        clean = clean_of(grid, cell)
+        if clean not in references:
+            references[clean] = composed(clean)
+        diff = pair_mismatch(references[clean], composed(cell), assumed_f_keys(grid, cell.defence))
         if diff:
             out.append(f"{cell.name}: " + "; ".join(diff[:4]))
     return out
@@ -196,13 +234,14 @@ def unpaired_runs(grid: dict, cells: list[Cell], seeds: list[int], out: Path) ->
 
     lines = []
     for s in seeds:
-        references: dict[str, dict | None] = {}
+        references: dict[Cell, dict | None] = {}
         for cell in cells:
             if cell.attack == CLEAN:
                 continue
-            if cell.defence not in references:
-                references[cell.defence] = saved(Cell(cell.defence, CLEAN, "honest", 0.0), s)
-            clean, mine = references[cell.defence], saved(cell, s)
+            reference = clean_of(grid, cell)
+            if reference not in references:
+                references[reference] = saved(reference, s)
+            clean, mine = references[reference], saved(cell, s)
             if clean is None or mine is None:
                 continue
             diff = pair_mismatch(clean, mine, assumed_f_keys(grid, cell.defence))
@@ -248,11 +287,13 @@ class CellResult:
     missing: int                  # seeds without a finished pair
 
 
-def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds: list[int]) -> dict[Cell, CellResult]:
-    """Per cell the per-seed paired numbers, from {(cell, seed): run_values}."""
+def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds: list[int],
+                 grid: dict | None = None) -> dict[Cell, CellResult]:
+    """Per cell the per-seed paired numbers, from {(cell, seed): run_values}; each cell paired with clean_of(grid,
+    cell) (without a grid: its defence's f = 0 clean cell)."""
     results = {}
     for cell in cells:
-        clean = Cell(cell.defence, CLEAN, "honest", 0.0)
+        clean = Cell(cell.defence, CLEAN, "honest", 0.0) if grid is None else clean_of(grid, cell)
         b, u, e, w, missing = {}, {}, {}, {}, 0
         for s in seeds:
             mine, base = values.get((cell, s), {}), values.get((clean, s), {})
@@ -426,9 +467,11 @@ def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: i
 
 def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
     n = len(seeds)
+    same_f = clean_reference_mode(grid) == "same_f"
     lines = [title, "",
              f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
-             "defence's clean run of the same seed. BA AD = (clean - attacked) / clean utility; mean [95 % Student-t "
+             f"defence's clean run of the same seed{' told the same f' if same_f else ''}. BA AD = (clean - attacked) "
+             "/ clean utility; mean [95 % Student-t "
              "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; n/a (not "
              "served): the rule cannot serve that f (Krum n < 2f + 3, Bulyan n < 4f + 3); = honest: the defence reads "
              "no report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
@@ -443,6 +486,10 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     for d in defences:
         r = results.get(Cell(d, CLEAN, "honest", 0.0))
         lines.append(f"| {d} | {_mean_text(r.utility, n) if r else 'n/a'} |")
+        for c, r in results.items():  # clean cells told f > 0 (clean_reference: same_f)
+            if c.defence == d and c.attack == CLEAN and c.fraction:
+                f = count_from_fraction(grid["clients"], c.fraction)
+                lines.append(f"| {d}, told f = {f} (f/n = {c.fraction}) | {_mean_text(r.utility, n)} |")
     for f in grid["fractions"]:
         lines += _fraction_tables(results, grid, f, n)
     rule = grid["decision"]
@@ -557,7 +604,7 @@ class RobustnessGrid(Experiment):
         grid = self.grid(ctx)
         seeds, cells, subset = self.seeds(ctx, grid), grid_cells(grid), ctx.options.get("subset")
         values = {(c, s): run_values(runs.get(run_dir_for(runs.out, c, s).name)) for s in seeds for c in cells}
-        results = cell_results(values, cells, seeds)
+        results = cell_results(values, cells, seeds, grid)
         part = f", subset {subset!r} of the pre-registered grid" if subset else ""
         title = (f"# Byzantine robustness, {ctx.dataset}, scenario {ctx.scenario}{part}: {len(cells)} cells x "
                  f"{len(seeds)} seeds ({len(runs.planned)} runs; {len(runs.failures)} failed; this invocation took "

@@ -279,6 +279,12 @@ class FederatedClient(L.LightningModule):
         for plugin in self.plugins:
             plugin.before_upload(self, val_loader)
 
+    def sent_update(self, delta: torch.Tensor) -> torch.Tensor:
+        """The update this client sends: theta_i - theta_G as the plug-ins transform it (itself without one)."""
+        for plugin in self.plugins:
+            delta = plugin.sent_update(self, delta)
+        return delta
+
     def report_extras(self, val_loader) -> dict:
         """The plug-ins' entries of the round's ClientReport.extras."""
         extras: dict = {}

@@ -13,6 +13,7 @@ One round of one client, in hook order (federation/orchestrator.py, federation/l
     loss_term, weigh_term  the step's own loss term and how it enters the loss
     after_step             after every optimizer step
     before_upload          after local training, before the update is taken
+    sent_update            the update the client sends instead of theta_i - theta_G (worker momentum)
     report                 entries of ClientReport.extras
     export_state           kept for the client's next round (never sent)
 """
@@ -78,6 +79,10 @@ class ClientPlugin:
 
     def before_upload(self, client: Any, val_loader: Iterable) -> None:
         """After local training, before the update theta_i - theta_G is taken."""
+
+    def sent_update(self, client: Any, delta: torch.Tensor) -> torch.Tensor:
+        """The flat update the client sends, given theta_i - theta_G (or what an earlier plug-in made of it)."""
+        return delta
 
     def report(self, client: Any, val_loader: Iterable) -> dict[str, Any]:
         """Entries of the round's ClientReport.extras: scalars or aggregate counts, never per-sample values."""

@@ -257,7 +257,7 @@ class Federation:
             # the Fisher's random start and every later draw are the same as when the clients validate
             iter(val_loader)
             result = NOT_VALIDATED
-        delta = layout.flatten(client) - state.theta
+        delta = client.sent_update(layout.flatten(client) - state.theta)
         for transform in self.update_transforms:
             delta = transform(client_id, round_idx, delta)
         if validated:
@@ -415,6 +415,8 @@ class Federation:
                                      "round/sampled": float(len(reports) + len(dropped)),
                                      "round/aggregated": float(len(reports)), "round/dropped": float(len(dropped)),
                                      "round/skipped": float(skip is not None)}
+        if skip is None:
+            metrics.update(self.aggregator.round_metrics())
         metrics.update({f"client/{r.client_id}/dropped": 0.0 for r in reports})
         metrics.update({f"client/{i}/dropped": 1.0 for i in dropped})
         t1 = time.perf_counter()

@@ -4,7 +4,9 @@ A small labelled set the server holds, carved at the start of the run from the a
 items leave `splits.reserve`, so the MIA / AIA sets drawn from the reserve afterwards stay disjoint from it, and the
 reserve is already disjoint from every client's train/val split and from the test split. On it the server
 - trains the round's root update g_0 = theta' - theta_G with the clients' own recipe (local epochs, lr schedule,
-  losses), starting from theta_G with a fresh client state seeded from (run seed, round);
+  losses), starting from theta_G with a fresh client state seeded from (run seed, round); each local epoch is one
+  pass over the root split, or, with `batches_per_epoch` set (FLTrust's root_steps=matched), that many batches of
+  reshuffled passes, so that g_0 takes as many steps as a client;
 - evaluates theta_G + delta_i of any update (utility, UFM and its bootstrap SE), as a client evaluates its own.
 Every rank computes the same values from the same seed (no collective). Cost per round: one local training on the
 root split, plus one evaluation per update for the rules that ask for them. A rule asks for it in its `attach`
@@ -14,7 +16,9 @@ root split, plus one evaluation per update for the rules that ask for them. A ru
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -36,6 +40,31 @@ def root_indices(reserve: np.ndarray, size: int, seed: int) -> tuple[np.ndarray,
     chosen = np.zeros(len(reserve), dtype=bool)
     chosen[rng.choice(len(reserve), size=size, replace=False)] = True
     return np.sort(reserve[chosen]), np.sort(reserve[~chosen])
+
+
+class RootPasses:
+    """One local epoch of `batches` root-split batches: reshuffled passes one after another, pass j drawn from seed
+    first + j, cut at `batches` (a sized iterable, as a client's loader is)."""
+
+    def __init__(self, loader_for_seed: Callable[[int], object], first: int, batches: int):
+        self.loader_for_seed, self.first, self.batches = loader_for_seed, first, batches
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator:
+        left, j = self.batches, 0
+        while left > 0:
+            before = left
+            for batch in self.loader_for_seed(self.first + j):
+                yield batch
+                left -= 1
+                if left == 0:
+                    return
+            if left == before:
+                raise ValueError("aggregation.root_steps=matched: the root split gives no training batch; raise "
+                                 "aggregation.root_size")
+            j += 1
 
 
 class ServerRoot:
@@ -60,6 +89,8 @@ class ServerRoot:
         self.int_buffers = None
         self.round_idx = -1
         self._update: torch.Tensor | None = None
+        self.batches_per_epoch: int | None = None  # None: one pass over the root split per local epoch
+        self.steps = 0  # optimizer steps of the last root update
 
     def begin_round(self, state, round_idx: int) -> None:
         self.theta, self.int_buffers, self.round_idx = state.theta, state.int_buffers, round_idx
@@ -78,11 +109,21 @@ class ServerRoot:
             model.import_local_state(None, seed=seed)
             seed_all(seed)
             model.begin_client(-1, self.round_idx)
-            local_train(self.fabric, model, lambda epoch: self.data.train_loader_for(self.indices, seed=seed + epoch),
-                        s.local_epochs, lr_factor=s.lr_factor(self.round_idx),
-                        name=f"server root update, round {self.round_idx}", sam_rho=s.sam_rho)
+            self.steps = local_train(self.fabric, model, self._loader_for_epoch(seed), s.local_epochs,
+                                     lr_factor=s.lr_factor(self.round_idx),
+                                     name=f"server root update, round {self.round_idx}", sam_rho=s.sam_rho)
             self._update = self.layout.flatten(model) - self.theta
         return self._update
+
+    def _loader_for_epoch(self, seed: int) -> Callable[[int], object]:
+        def one_pass(pass_seed: int):
+            return self.data.train_loader_for(self.indices, seed=pass_seed)
+
+        if self.batches_per_epoch is None:
+            return lambda epoch: one_pass(seed + epoch)
+        # passes per epoch: 1 when the root split has as many batches as a client (then as without matching)
+        passes = math.ceil(self.batches_per_epoch / max(len(one_pass(seed)), 1))
+        return lambda epoch: RootPasses(one_pass, seed + epoch * passes, self.batches_per_epoch)
 
     def evaluate(self, delta: torch.Tensor):
         """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...)."""
