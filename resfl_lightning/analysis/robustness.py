@@ -9,7 +9,7 @@ trains what is missing (resumable, a failed run never stops the others) and writ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,13 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.robustness_decision import (
+    check_seeds_run,
+    clean_utility_test,
+    held_out_seeds,
+    noninferiority_detail,
+    noninferiority_text,
+)
 from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.data.partition import count_from_fraction
@@ -312,11 +319,35 @@ def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds:
     return results
 
 
-def worst_cell(results: dict[Cell, CellResult], defence: str, fraction: float) -> CellResult | None:
-    """The attacked cell (over attacks and report modes) with the largest mean BA AD at this f/n."""
+def worst_cell(results: dict[Cell, CellResult], defence: str, fraction: float,
+               seeds: tuple[int, ...] | None = None) -> CellResult | None:
+    """The attacked cell (over attacks and report modes) with the largest mean BA AD at this f/n, the mean over
+    `seeds` only where given (else over all its seeds)."""
+    def on(r: CellResult) -> list[float]:
+        return [v for s, v in r.ba_ad.items() if seeds is None or s in seeds]
+
     mine = [r for c, r in results.items() if c.defence == defence and c.attack != CLEAN and c.fraction == fraction
-            and r.ba_ad]
-    return max(mine, key=lambda r: float(np.mean(list(r.ba_ad.values()))), default=None)
+            and on(r)]
+    return max(mine, key=lambda r: float(np.mean(on(r))), default=None)
+
+
+def restricted(r: CellResult, seeds: tuple[int, ...]) -> CellResult:
+    """The cell's numbers on `seeds` only."""
+    def keep(values: dict[int, float]) -> dict[int, float]:
+        return {s: v for s, v in values.items() if s in seeds}
+
+    return replace(r, ba_ad=keep(r.ba_ad), utility=keep(r.utility), delta_eod=keep(r.delta_eod),
+                   weight_share=keep(r.weight_share), missing=sum(s not in r.utility for s in seeds))
+
+
+def worst_case(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float) -> CellResult | None:
+    """The worst case that criterion 1, the worst-case column and the figure read: worst_cell over all seeds; with
+    decision.selection_seeds / evaluation_seeds, the cell chosen on the selection seeds, on the evaluation seeds."""
+    held = held_out_seeds(grid)
+    if held is None:
+        return worst_cell(results, defence, fraction)
+    w = worst_cell(results, defence, fraction, held.selection)
+    return None if w is None else restricted(w, held.evaluation)
 
 
 # ---- the decision rule -----------------------------------------------------------------------------------------
@@ -352,14 +383,16 @@ def all_of(verdicts: list[bool | None]) -> bool | None:
 def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
     """The four criteria of docs/robustness-protocol.md for grid['decision']['defence'] at every f/n <= max, each
     decided on 95 % Student-t intervals over seeds (pass: the interval on the right side of the bound; fail: on the
-    wrong side; else not decided at these seeds)."""
+    wrong side; else not decided at these seeds). The options of analysis/robustness_decision.py, where the grid
+    gives them, read criterion 1 on held-out seeds and criterion 3 as a non-inferiority test."""
     rule = grid["decision"]
     me, base, ref = rule["defence"], rule["baseline"], rule["reference"]
     fractions = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
+    held = held_out_seeds(grid)
     out = []
     # 1. worst-case BA AD <= bound and >= margin below the baseline's worst case (paired interval)
     for f in fractions:
-        mine, theirs = worst_cell(results, me, f), worst_cell(results, base, f)
+        mine, theirs = worst_case(results, grid, me, f), worst_case(results, grid, base, f)
         if mine is None or theirs is None:
             out.append(Criterion(f"worst-case BA AD at f/n = {f}", None, "cells missing"))
             continue
@@ -371,7 +404,7 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
             f"{base}'s (95 % intervals)", ok,
             f"{me} {_t_text(worst)} ({mine.cell.attack}/{mine.cell.report}); "
             f"{base} {np.mean(list(theirs.ba_ad.values())):.3f} ({theirs.cell.attack}/{theirs.cell.report}); "
-            f"{base} - {me} {_t_text(gap)}"))
+            f"{base} - {me} {_t_text(gap)}" + (f"; worst cells {held.text()}" if held else "")))
     # 2. lie - honest BA AD per attack
     diffs = []
     for c, r in results.items():
@@ -391,7 +424,12 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
     # 3. clean utility vs the reference defence, paired by seed: mine - ratio x reference >= 0
     mine_c, ref_c = results.get(Cell(me, CLEAN, "honest", 0.0)), results.get(Cell(ref, CLEAN, "honest", 0.0))
     text = f"clean utility >= {rule['clean_utility_ratio']} x {ref}'s (95 % interval of the paired difference)"
-    if mine_c and ref_c and mine_c.utility and ref_c.utility:
+    if clean_utility_test(grid) == "noninferiority":
+        text = noninferiority_text(rule["clean_utility_ratio"], ref)
+    if mine_c and ref_c and mine_c.utility and ref_c.utility and clean_utility_test(grid) == "noninferiority":
+        out.append(Criterion(text, *noninferiority_detail(mine_c.utility, ref_c.utility, rule["clean_utility_ratio"],
+                                                          me, ref)))
+    elif mine_c and ref_c and mine_c.utility and ref_c.utility:
         a, b = float(np.mean(list(mine_c.utility.values()))), float(np.mean(list(ref_c.utility.values())))
         scaled = {s: rule["clean_utility_ratio"] * v for s, v in ref_c.utility.items()}
         d = paired_t(mine_c.utility, scaled)
@@ -434,7 +472,7 @@ def _absent_text(grid: dict, defence: str, fraction: float) -> str:
 
 
 def _worst_text(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float, planned: int) -> str:
-    w = worst_cell(results, defence, fraction)
+    w = worst_case(results, grid, defence, fraction)
     if w is not None:
         return f"{_mean_text(w.ba_ad, planned)} {w.cell.attack}/{w.cell.report}"
     return "n/a" if serves(grid, defence, fraction) else "n/a (not served)"
@@ -477,10 +515,14 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
              "no report, so every report mode is its honest run. Omniscient attacks have no `sent` column: they "
              "cannot evaluate what they send.", ""]
     defences = list(grid["defences"])
+    held = held_out_seeds(grid)
     lines += ["## Worst case over attacks and report modes", "",
+              *([f"Each defence's worst cell per f/n is {held.text()} (decision.selection_seeds / evaluation_seeds): "
+                 "the mean of the cell chosen is not the max of the means it was chosen by.", ""] if held else []),
               "| defence | " + " | ".join(f"f/n = {f}" for f in grid["fractions"]) + " |",
               "| --- |" + " ---: |" * len(grid["fractions"])]
-    lines += [f"| {d} | " + " | ".join(_worst_text(results, grid, d, f, n) for f in grid["fractions"]) + " |"
+    worst_n = len(held.evaluation) if held else n
+    lines += [f"| {d} | " + " | ".join(_worst_text(results, grid, d, f, worst_n) for f in grid["fractions"]) + " |"
               for d in defences]
     lines += ["", "## Clean runs", "", "| defence | utility |", "| --- | ---: |"]
     for d in defences:
@@ -497,6 +539,12 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
               "Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
               "lies on the right side of its bound, FAILED when one lies on the wrong side, not decided when one "
               "straddles it (more seeds would decide it).", ""]
+    options = ([f"criterion 1 reads each defence's worst cell {held.text()}"] if held else []) + (
+        ["criterion 3 is a one-sided non-inferiority t-test at alpha = 0.05 (passed when its lower 95 % bound is > 0, "
+         "FAILED when its upper one is < 0)"] if clean_utility_test(grid) == "noninferiority" else [])
+    if options:
+        lines += ["Held-out decision options (docs/robustness-protocol.md, declared before the runs): "
+                  + "; ".join(options) + ".", ""]
     for c in decide(results, grid):
         verdict = "not decided" if c.passed is None else ("passed" if c.passed else "FAILED")
         lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
@@ -522,8 +570,8 @@ def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):
     for i, d in enumerate(grid["defences"]):
         xs, ys, lo, hi = [], [], [], []
         for f in grid["fractions"]:
-            w = worst_cell(results, d, f)
-            if w is None:
+            w = worst_case(results, grid, d, f)
+            if w is None or not w.ba_ad:
                 continue
             t = t_test(list(w.ba_ad.values()))
             xs.append(len(drawn) if single else f)
@@ -576,7 +624,10 @@ class RobustnessGrid(Experiment):
 
     def seeds(self, ctx: Context, grid: dict) -> list[int]:
         n = ctx.options.get("seeds")
-        return list(range(grid["seeds"] if n is None else n))
+        seeds = list(range(grid["seeds"] if n is None else n))
+        check_seeds_run(grid, seeds)
+        clean_utility_test(grid)  # a misspelt option fails before any run, not at the report
+        return seeds
 
     def default_out(self, ctx: Context) -> Path:
         subset = ctx.options.get("subset")

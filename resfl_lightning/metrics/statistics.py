@@ -159,6 +159,75 @@ def detectable_effect(n: int, power: float = 0.8, alpha: float = 0.05) -> float:
     return float(optimize.brentq(lambda d: paired_power(d, n, alpha) - power, 0.0, high, xtol=1e-10))
 
 
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """One-sided t-test of mean(d) > 0 over seeds (a non-inferiority test when d is the difference to the margin).
+    low / high are the one-sided (1 - alpha) bounds, together the two-sided (1 - 2 alpha) interval of TOST."""
+
+    mean: float
+    sd: float  # ddof=1; NaN for n < 2
+    low: float
+    high: float
+    n: int
+    p: float  # one-sided, H1: mean > 0; NaN for n < 2
+    alpha: float
+
+    @property
+    def verdict(self) -> bool | None:
+        """True: the lower bound is above 0 (non-inferior at alpha); False: the upper bound is below 0 (inferior at
+        alpha); None: the interval holds 0, or fewer than 2 seeds."""
+        if self.n < 2:
+            return None
+        return True if self.low > 0 else (False if self.high < 0 else None)
+
+
+def noninferiority_t(values: Sequence[float], alpha: float = 0.05) -> NonInferiority:
+    """scipy.stats.ttest_1samp with alternative='greater' (and 'less' for the upper bound) at level alpha; zero spread
+    gives the point as both bounds and p = 0 (mean > 0) or 1, where scipy would return NaN."""
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must lie in (0, 0.5), got {alpha}")
+    x = np.asarray([float(v) for v in values if finite(v) is not None], dtype=float)
+    n = int(x.size)
+    if n < 2:
+        mean = float(x.mean()) if n else math.nan
+        return NonInferiority(mean, math.nan, math.nan, math.nan, n, math.nan, alpha)
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        return NonInferiority(mean, 0.0, mean, mean, n, 0.0 if mean > 0 else 1.0, alpha)
+    greater = stats.ttest_1samp(x, 0.0, alternative="greater")
+    less = stats.ttest_1samp(x, 0.0, alternative="less")
+    return NonInferiority(mean, sd, float(greater.confidence_interval(1 - alpha).low),
+                          float(less.confidence_interval(1 - alpha).high), n, float(greater.pvalue), alpha)
+
+
+def one_sided_power(d_z: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the one-sided paired t-test (H1: mean > 0) with n seeds at standardised effect d_z (noncentral t)."""
+    if n < 2:
+        return math.nan
+    df = n - 1
+    return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, d_z * math.sqrt(n)))
+
+
+def seeds_for_one_sided_power(d_z: float, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000) -> int | None:
+    """Smallest n >= 2 whose one-sided paired t-test reaches `power` at effect d_z > 0; None when d_z <= 0 or
+    undefined, or more than max_n seeds would be needed."""
+    if finite(d_z) is None or d_z <= 0:
+        return None
+    if not 0 < power < 1 or not 0 < alpha < 1:
+        raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
+    approx = (stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) ** 2 / d_z ** 2  # below the exact n
+    if approx > max_n:
+        return None
+    n = max(2, int(approx) - 3)
+    while n > 2 and one_sided_power(d_z, n - 1, alpha) >= power:
+        n -= 1
+    while one_sided_power(d_z, n, alpha) < power:
+        n += 1
+        if n > max_n:
+            return None
+    return n
+
 @dataclass(frozen=True)
 class RatioInterval:
     """A ratio-of-means statistic over common seeds with its delta-method standard error and Student-t interval."""
