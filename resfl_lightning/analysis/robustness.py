@@ -661,7 +661,10 @@ class RobustnessGrid(Experiment):
                  f"{len(seeds)} seeds ({len(runs.planned)} runs; {len(runs.failures)} failed; this invocation took "
                  f"{runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; the runs' own wall times sum to "
                  f"{runs.runs_wall_s:.0f} s)")
+        held = held_out_seeds(grid)
         caption = (f"{ctx.dataset}, {ctx.scenario}{f', subset {subset}' if subset else ''}: worst case over attacks "
-                   f"and report modes, mean and 95 % t-interval over seeds {seeds[0]}-{seeds[-1]}")
+                   f"and report modes, mean and 95 % t-interval over seeds {seeds[0]}-{seeds[-1]}" if held is None
+                   else f"{ctx.dataset}, {ctx.scenario}{f', subset {subset}' if subset else ''}: worst case over "
+                   f"attacks and report modes {held.text()}, mean and 95 % t-interval")
         body = markdown(results, grid, title, seeds) + "\n![worst-case BA AD vs f/n](robustness.png)\n"
         return Report(body, "robustness.md", {"robustness.png": lambda path: figure(results, grid, path, caption)})
