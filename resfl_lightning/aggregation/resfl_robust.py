@@ -41,6 +41,7 @@ from resfl_lightning.types import ClientReport
 
 PREVIOUS_KEY = "resfl_robust/previous_aggregate"
 MODES, CLIPS, COMBINERS = ("server", "checked"), ("none", "norm", "centered"), ("mean", "trimmed_mean", "median")
+CHECK_SES = ("reported", "bounded")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ class RobustResfl(GatherAllRule):
     beta: float = 2.0
     mode: str = "server"  # server | checked
     check_k: float = 3.0
+    # checked: the client's SE in the check as reported, or bounded by the server's own (a report's SE widens the
+    # check, so an unbounded one lets a client pass any u with a huge SE)
+    check_se: str = "reported"
     f: int | None = None  # Byzantine clients the server assumes; null: floor(assumed_fraction * n)
     assumed_fraction: float = 0.3
     clip: str = "norm"  # none | norm | centered
@@ -99,7 +103,7 @@ class RobustResfl(GatherAllRule):
     root_size: int = 100
 
     def __post_init__(self) -> None:
-        for key, choices in (("mode", MODES), ("clip", CLIPS), ("combiner", COMBINERS)):
+        for key, choices in (("mode", MODES), ("clip", CLIPS), ("combiner", COMBINERS), ("check_se", CHECK_SES)):
             if getattr(self, key) not in choices:
                 raise ValueError(f"aggregation.{key} must be one of {list(choices)}, got {getattr(self, key)!r}")
         if self.beta < 0:
@@ -164,7 +168,8 @@ class RobustResfl(GatherAllRule):
         else:
             u = [r.u for r in reports]
             for i, (r, e, su) in enumerate(zip(reports, evals, server_u)):
-                se = math.sqrt(_sq(e.ufm_se) + _sq(r.ufm_se))
+                own = r.ufm_se if self.check_se == "reported" else min(_finite(r.ufm_se), _finite(e.ufm_se))
+                se = math.sqrt(_sq(e.ufm_se) + _sq(own))
                 keep[i] = r.gated or abs(r.u - su) <= self.check_k * se
         x = self._clipped(x)
         trust = (trust_scores(x, self.parameter_part(self.root.update(), x.shape[1]).to(x.device)) if self.trust
@@ -213,3 +218,7 @@ class RobustResfl(GatherAllRule):
 
 def _sq(v: float) -> float:
     return v * v if math.isfinite(v) else 0.0
+
+
+def _finite(v: float) -> float:
+    return v if math.isfinite(v) else 0.0

@@ -124,7 +124,8 @@ MOVED_TARGETS = {
 # attack, which reads none); the calibrated Byzantine attacks' line-search budget and the adaptive kinds' margins
 # (issue 57: no earlier kind reads them); the defence fidelity options (issue 57 item 5: FLTrust's root steps,
 # centered clipping's worker momentum, FLAME's noise lambda), whose legacy values are the rules as they ran before;
-# the curvature term's refresh (issue 54: every earlier run computed it every step).
+# the curvature term's refresh (issue 54: every earlier run computed it every step); resfl_robust's bound on a
+# reported SE (issue 57: every earlier checked run used the SE as reported).
 ADDED_KEYS: dict[str, Any] = {
     "dataset.dim_correlation": None, "dataset.background_correlation": None, "dataset.min_persons": 1,
     "dataset.max_persons": 4, "dataset.min_person_height": 0.15, "dataset.max_person_height": 0.6,
@@ -135,6 +136,7 @@ ADDED_KEYS: dict[str, Any] = {
     "attack.mia.rmia_offline_a": 1.0, "attack.mia.per_client": False, "attack.byzantine.search_evals": 16,
     "attack.byzantine.trust_margin": 0.1, "attack.byzantine.report_margin": 0.5, "algorithm.curv_refresh": 1,
     "aggregation.root_steps": "root_split", "aggregation.worker_momentum": 0.0, "aggregation.noise_lambda": 0.0,
+    "aggregation.check_se": "reported",
 }
 
 

@@ -248,6 +248,23 @@ def test_checked_mode_drops_a_report_far_from_the_server_estimate():
     assert rule.details["kept"] == [1.0, 1.0, 0.0, 1.0]
 
 
+def test_a_huge_reported_se_passes_the_check_unless_it_is_bounded_by_the_servers():
+    """A liar reporting u = 0 (server estimate 0.5, SE 0.05) with SE 10 passes the check as reported (|0 - 0.5| <= 3 x
+    sqrt(0.05^2 + 10^2)) and takes the most weight; with check_se=bounded its SE counts as at most the server's, so
+    the check is 3 x sqrt(2) x 0.05 = 0.21 and it is dropped, while an honest report within it is kept."""
+    x = torch.ones(3, 2)
+    evals = [root_eval(0.5, se=0.05)] * 3
+    reps = [report(0, u=0.5, se=0.04), report(1, u=0.6, se=0.05), report(2, u=0.0, se=10.0)]
+    for check_se, kept in (("reported", [1.0, 1.0, 1.0]), ("bounded", [1.0, 1.0, 0.0])):
+        rule = robust(3, torch.ones(2), evals, mode="checked", check_k=3.0, trust=False, clip="none", f=0,
+                      check_se=check_se)
+        rule.aggregate(x, reps)
+        assert rule.details["kept"] == kept, check_se
+    assert rule.weights(reps)[2] == 0.0
+    with pytest.raises(ValueError, match="aggregation.check_se must be one of"):
+        RobustResfl(check_se="trusted")
+
+
 def test_trust_zeroes_an_update_against_the_root_and_the_median_combiner_matches_numpy():
     x = torch.tensor([[1.0, 0.0], [2.0, 0.5], [-5.0, 0.0], [1.5, -0.5], [1.2, 0.1]])
     evals = [root_eval(0.3)] * 5
