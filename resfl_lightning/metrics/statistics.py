@@ -9,7 +9,7 @@ distributions; resfl_lightning/analysis/table.py decides which comparisons form 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,14 +122,19 @@ def seeds_for_power(d_z: float, power: float = 0.8, alpha: float = 0.05, max_n: 
         return None
     if not 0 < power < 1 or not 0 < alpha < 1:
         raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
-    approx = seeds_for_power_normal(d_z, power, alpha)
+    return _smallest_n(lambda n: paired_power(d_z, n, alpha), seeds_for_power_normal(d_z, power, alpha), power,
+                       max_n)
+
+
+def _smallest_n(power_of: Callable[[int], float], approx: float, power: float, max_n: int) -> int | None:
+    """The smallest n >= 2 with power_of(n) >= power, searched from a normal approximation `approx` (close: within a
+    seed or two); None beyond max_n."""
     if approx > max_n:
         return None
-    guess = max(2, int(approx) - 3)  # the normal approximation is close (within a seed or two)
-    n = guess
-    while n > 2 and paired_power(d_z, n - 1, alpha) >= power:
+    n = max(2, int(approx) - 3)
+    while n > 2 and power_of(n - 1) >= power:
         n -= 1
-    while paired_power(d_z, n, alpha) < power:
+    while power_of(n) < power:
         n += 1
         if n > max_n:
             return None
@@ -217,16 +222,7 @@ def seeds_for_one_sided_power(d_z: float, power: float = 0.8, alpha: float = 0.0
     if not 0 < power < 1 or not 0 < alpha < 1:
         raise ValueError(f"power and alpha must lie in (0, 1), got {power}, {alpha}")
     approx = (stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) ** 2 / d_z ** 2  # below the exact n
-    if approx > max_n:
-        return None
-    n = max(2, int(approx) - 3)
-    while n > 2 and one_sided_power(d_z, n - 1, alpha) >= power:
-        n -= 1
-    while one_sided_power(d_z, n, alpha) < power:
-        n += 1
-        if n > max_n:
-            return None
-    return n
+    return _smallest_n(lambda n: one_sided_power(d_z, n, alpha), approx, power, max_n)
 
 @dataclass(frozen=True)
 class RatioInterval:
