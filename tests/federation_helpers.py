@@ -16,14 +16,15 @@ from resfl_lightning.federation.orchestrator import Federation, FederationSettin
 FEATURES, GROUPS = 6, 2
 
 
-def tiny_data(num_clients: int, rows_per_client: int = 24, seed: int = 0):
+def tiny_data(num_clients: int, rows_per_client: int = 24, seed: int = 0, reserve_fraction: float = 0.0,
+              extra_rows: int = 40):
     rng = np.random.default_rng(seed)
-    n = num_clients * rows_per_client + 40
+    n = num_clients * rows_per_client + extra_rows
     x = rng.normal(size=(n, FEATURES)).astype(np.float32)
     s = rng.integers(0, GROUPS, size=n)
     y = ((x[:, 0] + 0.5 * s + 0.3 * rng.normal(size=n)) > 0.2).astype(np.int64)
     xt = rng.normal(size=(40, FEATURES)).astype(np.float32)
-    splits = {"num_clients": num_clients, "reserve_fraction": 0.0,
+    splits = {"num_clients": num_clients, "reserve_fraction": reserve_fraction,
               "val_fraction": 0.25, "partition": "iid", "dirichlet_alpha": 0.5, "batch_size": 8,
               "eval_batch_size": 64}
     return federated_tabular_data(x, y, s, xt, (xt[:, 0] > 0.2).astype(np.int64), rng.integers(0, GROUPS, 40),

@@ -16,11 +16,10 @@ from resfl_lightning.aggregation.centered_clipping import PREVIOUS_KEY, Centered
 from resfl_lightning.aggregation.flame import Flame
 from resfl_lightning.aggregation.fltrust import FLTrust, median_client_batches
 from resfl_lightning.clients.worker_momentum import MOMENTUM_KEY, WorkerMomentum
-from resfl_lightning.data.tabular import federated_tabular_data
 from resfl_lightning.federation.checkpoint import ServerState
 from resfl_lightning.federation.root import RootPasses
 from resfl_lightning.types import ClientReport
-from tests.federation_helpers import FEATURES, GROUPS, run_federation
+from tests.federation_helpers import run_federation, tiny_data
 
 
 def reports(n: int) -> list[ClientReport]:
@@ -30,15 +29,7 @@ def reports(n: int) -> list[ClientReport]:
 
 def data_with_reserve(num_clients: int = 4, rows_per_client: int = 80, reserve_fraction: float = 0.15, seed: int = 0):
     """tests/federation_helpers.tiny_data with an attack reserve, so the server can carve a root split."""
-    rng = np.random.default_rng(seed)
-    n = num_clients * rows_per_client + 60
-    x = rng.normal(size=(n, FEATURES)).astype(np.float32)
-    s = rng.integers(0, GROUPS, size=n)
-    y = ((x[:, 0] + 0.5 * s + 0.3 * rng.normal(size=n)) > 0.2).astype(np.int64)
-    xt = rng.normal(size=(40, FEATURES)).astype(np.float32)
-    return federated_tabular_data(x, y, s, xt, (xt[:, 0] > 0.2).astype(np.int64), rng.integers(0, GROUPS, 40),
-                                  num_groups=GROUPS, num_clients=num_clients, reserve_fraction=reserve_fraction,
-                                  val_fraction=0.25, partition="iid", batch_size=8, eval_batch_size=64, seed=seed)
+    return tiny_data(num_clients, rows_per_client, seed, reserve_fraction=reserve_fraction, extra_rows=60)
 
 
 # --- FLTrust: matched root steps ------------------------------------------------------------------------------------
