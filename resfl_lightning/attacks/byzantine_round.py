@@ -126,7 +126,7 @@ class ByzantineRound(ByzantineUpdate):
     def _rule_for(self, kind: str):
         """The rule, checked to have what `kind` reads of it (_RULE_NEEDS)."""
         needs = _RULE_NEEDS.get(kind, ())
-        if needs and self.rule is None:
+        if self.rule is None:
             raise RuntimeError(f"attack.byzantine.kind={kind} reads the aggregation rule: ByzantineRound needs `rule` "
                                "(ByzantineAttack passes the federation's aggregator)")
         missing = [a for a in needs if not hasattr(self.rule, a)]
@@ -276,16 +276,14 @@ class ByzantineRound(ByzantineUpdate):
     def _rule_aggregate(self, reports: list[ClientReport], deltas: torch.Tensor, rows: list[int]):
         """aggregate(sent): the rule's preview of the round with every attacker's row sent as `round_transform`
         sends it (l2 bound included), read on the attacked coordinates."""
-        if self.rule is None:
-            raise RuntimeError(f"attack.byzantine.kind={self.settings.kind} searches on the aggregation rule: "
-                               "ByzantineRound needs `rule` (ByzantineAttack passes the federation's aggregator)")
+        rule = self._rule_for(self.settings.kind)
         stack = deltas.clone()  # one working copy; only the attackers' rows change between evaluations
         mask = None if self.mask is None else self.mask.to(deltas.device)
 
         def aggregate(sent: torch.Tensor) -> torch.Tensor:
             for i in rows:
                 stack[i] = self._send(deltas[i], lambda own: sent)
-            out = self.rule.preview(stack, reports)
+            out = rule.preview(stack, reports)
             return out if mask is None else out[mask]
 
         return aggregate
