@@ -44,7 +44,7 @@ ADAPTIVE_ROUND_KINDS = ("adaptive_cap", "adaptive_trust", "adaptive_drift")
 OMNISCIENT_KINDS = ("gaussian", "alie", "ipm", "min_max", "min_sum", *CALIBRATED_KINDS, *ADAPTIVE_ROUND_KINDS)
 REPORT_KINDS = ("adaptive_report",)
 # what an adaptive kind reads of the rule (resfl_robust): the cap and softmax, or the check and the server's u formula
-_RULE_NEEDS = {"adaptive_cap": ("cap", "beta"), "adaptive_report": ("check_k", "policy")}
+RULE_NEEDS = {"adaptive_cap": ("cap", "beta"), "adaptive_report": ("check_k", "policy")}
 _GAMMA_KINDS = ("min_max", "min_sum", *calibrated.TAILORED)
 
 
@@ -124,8 +124,8 @@ class ByzantineRound(ByzantineUpdate):
             self._rule_for(settings.kind)
 
     def _rule_for(self, kind: str):
-        """The rule, checked to have what `kind` reads of it (_RULE_NEEDS)."""
-        needs = _RULE_NEEDS.get(kind, ())
+        """The rule, checked to have what `kind` reads of it (RULE_NEEDS)."""
+        needs = RULE_NEEDS.get(kind, ())
         if self.rule is None:
             raise RuntimeError(f"attack.byzantine.kind={kind} reads the aggregation rule: ByzantineRound needs `rule` "
                                "(ByzantineAttack passes the federation's aggregator)")

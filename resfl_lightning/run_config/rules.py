@@ -88,6 +88,24 @@ def local_reweighting_needs_classification(run: Any) -> None:
               f"dataset {run.dataset.name!r} is a {run.dataset.task} task, where every unit is a positive person")
 
 
+def adaptive_attack_needs_resfl_robust(run: Any) -> None:
+    # Checked here, before the data are built; ByzantineRound repeats it for rules given in code.
+    from hydra.utils import get_class
+
+    from resfl_lightning.aggregation.resfl_robust import RobustResfl
+    from resfl_lightning.attacks.byzantine_round import RULE_NEEDS
+    from resfl_lightning.attacks.registry import read_attacks, selected
+
+    aggregation = run.aggregation.get("_target_") if run.aggregation is not None else None
+    if aggregation is not None and issubclass(get_class(str(aggregation)), RobustResfl):
+        return
+    for attack in selected(*read_attacks(run.attack)):
+        kind = getattr(attack.settings, "kind", None)
+        if kind in RULE_NEEDS:
+            _fail(f"attack.{attack.name}.kind", f"{kind} attacks resfl_robust's {', '.join(RULE_NEEDS[kind])}, but "
+                  f"the run aggregates with {aggregation}; use algorithm=resfl_robust")
+
+
 def swa_export_needs_swa(run: Any) -> None:
     exported = run.export.enabled and run.dataset.task == "detection"
     if exported and run.export.weights == "swa" and run.algorithm.swa_start is None:
@@ -97,4 +115,4 @@ def swa_export_needs_swa(run: Any) -> None:
 RUN_RULES = (processes_within_clients, quorum_within_sample, fault_specs, proxy_cohorts_need_detection,
              per_sample_clipping_excludes_sam, per_sample_clipping_excludes_curvature,
              per_sample_clipping_excludes_fp16, weather_needs_detection, quality_skew_needs_detection,
-             local_reweighting_needs_classification, swa_export_needs_swa)
+             local_reweighting_needs_classification, adaptive_attack_needs_resfl_robust, swa_export_needs_swa)

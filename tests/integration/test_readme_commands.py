@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from resfl_lightning.attacks.byzantine_round import RULE_NEEDS
 from resfl_lightning.cli.hydra_help import group_defaults
 from resfl_lightning.resources import conf_dir
 from tests.fixtures_real import write_carla_fixture, write_facet_fixture
@@ -90,6 +91,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
         cmds += [(f"{group}={p.stem}", [f"{group}={p.stem}"]) for p in sorted((CONF / group).glob("*.yaml"))
                  if p.stem != defaults[group]]
     cmds += [(f"ufm.cohorts={c}", [f"ufm.cohorts={c}"]) for c in ("slices", "proxy")]  # "(also slices, proxy)"
+    cmds += [(f"{a} algorithm=resfl_robust", [a, "algorithm=resfl_robust"]) for a in NEEDS_RESFL_ROBUST]
     unique: dict[tuple[str, ...], str] = {}
     for text, overrides in cmds:
         unique.setdefault(tuple(overrides), text)
@@ -109,11 +111,22 @@ DATASETS = {  # option name -> overrides (the fixture roots are filled in by the
     "adult-sex": ["dataset=adult", "dataset.root={adult}", "dataset.sensitive=sex"],
 }
 BASE = ("synthetic", "facet", "carla", "adult")
-# Documented limits (README): Adult has no images to corrupt and no proxy column; the run must stop with this message.
+# The adaptive kinds that read resfl_robust's own parameters ("against resfl_robust's own rule").
+NEEDS_RESFL_ROBUST = tuple(f"attack=byzantine_{kind}" for kind in RULE_NEEDS)
+# Documented limits (README): Adult has no images to corrupt and no proxy column, the adaptive kinds above attack
+# resfl_robust only; the run must stop with this message.
 UNSUPPORTED = (("eval.weather=true", "adult", "weather corruptions apply to image detection datasets"),
                ("ufm.cohorts=proxy", "adult", "needs a proxy column"),
                *(("attack=byzantine_label_flip", d, "needs class labels of a tabular dataset")
-                 for d in ("synthetic", "facet", "carla")))
+                 for d in ("synthetic", "facet", "carla")),
+               *((a, "", "use algorithm=resfl_robust") for a in NEEDS_RESFL_ROBUST))
+
+
+def unsupported(command: list[str], option: str) -> list[str]:
+    """The messages the documented limits expect of this command on this dataset option (none: it must run)."""
+    robust = "algorithm=resfl_robust" in command
+    return [msg for o, d, msg in UNSUPPORTED
+            if o in command and option.startswith(d) and not (robust and o in NEEDS_RESFL_ROBUST)]
 
 
 def _effective(overrides: list[str]) -> frozenset:
@@ -178,7 +191,7 @@ def test_documented_command_runs(command: list[str], option: str, roots: dict[st
     else:
         from resfl_lightning.train import run
 
-        expected = [msg for o, d, msg in UNSUPPORTED if o in command and option.startswith(d)]
+        expected = unsupported(command, option)
         if expected:
             with pytest.raises(ValueError, match=expected[0]):
                 run(compose_config(*overrides))

@@ -62,3 +62,13 @@ def test_entry_point_rejects_bad_value_before_work(tmp_path: Path):
 def test_proxy_cohorts_on_tabular_data_stop_before_any_client_runs():
     with pytest.raises(ConfigError, match="ufm.cohorts: 'proxy' needs a proxy column"):
         load_config(compose_config("dataset=adult", "ufm.cohorts=proxy"))
+
+
+@pytest.mark.parametrize("kind", ["adaptive_cap", "adaptive_report"])
+def test_adaptive_attacks_on_resfl_robust_stop_before_the_data_are_built(kind: str):
+    # Before the rule, the run built its data and clients and failed in on_fit_start (CI: README command sweep).
+    with pytest.raises(ConfigError, match=f"attack.byzantine.kind: {kind} attacks resfl_robust's .* use "
+                                          "algorithm=resfl_robust"):
+        load_config(compose_config(f"attack=byzantine_{kind}"))
+    load_config(compose_config(f"attack=byzantine_{kind}", "algorithm=resfl_robust"))
+    load_config(compose_config(f"attack=[privacy,byzantine_{kind}]", "attack.enabled=[mia]"))  # not run: no limit
