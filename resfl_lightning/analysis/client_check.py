@@ -95,7 +95,8 @@ class ClientCheck(Experiment):
         return grid, check_rule(grid, ctx.options["subset"])
 
     def default_out(self, ctx: Context) -> Path:
-        return experiment_out("robustness", ctx, ctx.options["subset"], "client-check")
+        kind = "robustness" if self.grid_path is None else self.grid_path.stem.replace("_", "-")
+        return experiment_out(kind, ctx, ctx.options["subset"], "client-check")
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid, rule = self.rule(ctx)

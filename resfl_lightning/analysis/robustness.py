@@ -9,7 +9,7 @@ trains what is missing (resumable, a failed run never stops the others) and writ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +56,20 @@ def load_grid(path: Path | None = None) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path or conf_dir() / "table" / "robustness.yaml"), resolve=True)
 
 
+# What a subset may set besides its cells: its own seeds, overrides of every run (a participation setting: the same in
+# a cell's clean and attacked runs) and decision keys (merged into the grid's `decision`).
+SUBSET_SETTINGS = ("seeds", "overrides", "decision")
+
+
 def select(grid: dict, subset: str | None) -> dict:
     """The grid restricted to a named subset (its fractions, attacks, report modes and defences), or with another
-    number of clients n (`clients`: the protocol's n = 4, f = 1 cells)."""
+    number of clients n (`clients`: the protocol's n = 4, f = 1 cells), seeds, run overrides or decision keys."""
+    check_attack_defences(grid)
     if subset is None:
         return grid
     subsets = grid.get("subsets", {})
     if subset not in subsets:
-        raise ExperimentError(f"--subset {subset!r}: conf/table/robustness.yaml has {sorted(subsets)}")
+        raise ExperimentError(f"--subset {subset!r}: the grid file has {sorted(subsets)}")
     part = subsets[subset]
     out = dict(grid)
     out["clients"] = int(part.get("clients", grid["clients"]))
@@ -78,7 +84,24 @@ def select(grid: dict, subset: str | None) -> dict:
         if unknown:
             raise ExperimentError(f"subset {subset!r}: unknown {key} {unknown}")
         out[key] = {n: grid[key][n] for n in names}
+    out["seeds"] = int(part.get("seeds", grid["seeds"]))
+    out["overrides"] = [*grid.get("overrides", []), *part.get("overrides", [])]
+    out["decision"] = {**grid["decision"], **part.get("decision", {})}
     return out
+
+
+def check_attack_defences(grid: dict) -> None:
+    """An attack's `defences` (the only defences it runs against) must name defences of the grid."""
+    for attack, spec in grid["attacks"].items():
+        named = spec.get("defences") if isinstance(spec, dict) else None
+        if named is not None and (unknown := [d for d in named if d not in grid["defences"]]):
+            raise ExperimentError(f"attacks.{attack}.defences: unknown defences {unknown}")
+
+
+def attacks_on(grid: dict, defence: str) -> list[str]:
+    """The grid's attacks run against the defence: all, less those whose `defences` leave it out (an adaptive
+    attack that reads one rule's parameters)."""
+    return [a for a in grid["attacks"] if defence in attack_spec(grid, a).get("defences", [defence])]
 
 
 def serves(grid: dict, defence: str, fraction: float) -> bool:
@@ -138,7 +161,7 @@ def grid_cells(grid: dict) -> list[Cell]:
             if not serves(grid, defence, fraction):
                 continue
             attacked = [Cell(defence, attack, report, fraction)
-                        for attack in grid["attacks"] for report in reports_for(grid, defence, attack)]
+                        for attack in attacks_on(grid, defence) for report in reports_for(grid, defence, attack)]
             cells += [c for c in dict.fromkeys(clean_of(grid, a) for a in attacked) if c not in cells]
             cells += attacked
     return cells
@@ -154,14 +177,14 @@ def defence_overrides(grid: dict, defence: str, fraction: float) -> list[str]:
 
 def cell_overrides(grid: dict, cell: Cell) -> list[str]:
     """The Hydra overrides of a cell (without seed, dataset or run_dir): defence, attack, fraction, report."""
-    n = grid["clients"]
+    n, run = grid["clients"], grid.get("overrides", [])  # `run`: a subset's participation, in every cell alike
     defence = defence_overrides(grid, cell.defence, cell.fraction)
     if cell.attack == CLEAN:
-        return [*defence, *grid["clean"], f"dataset.num_clients={n}"]
+        return [*defence, *grid["clean"], f"dataset.num_clients={n}", *run]
     spec = attack_spec(grid, cell.attack)
     report = [f"{grid['report_key']}={cell.report}"] if spec["reports"] else []
     return [*defence, *spec["overrides"], f"{spec['fraction_key']}={cell.fraction}", *report,
-            f"dataset.num_clients={n}"]
+            f"dataset.num_clients={n}", *run]
 
 
 def run_dir_for(out: Path, cell: Cell, seed: int) -> Path:
@@ -267,13 +290,13 @@ def run_values(run: RunData | None) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
     rounds of a finished run; None where absent (and everywhere for a run that has not finished)."""
     if run is None:
-        return {"utility": None, "eod": None, "weight_share": None}
-    utility = run.value("test/map")
+        return {"utility": None, "eod": None, "weight_share": None, "floor": None}
+    utility, floor = run.value("test/map"), 0.0  # detection: a model that learned nothing has mAP 0
     if utility is None:
-        utility = run.value("test/accuracy")
+        utility, floor = run.value("test/accuracy"), run.value("test/majority_class_rate")
     shares = [share for row in run.rows if (share := finite(row.get(WEIGHT_SHARE))) is not None]
     return {"utility": utility, "eod": run.value("test/eod"),
-            "weight_share": float(np.mean(shares)) if shares else None}
+            "weight_share": float(np.mean(shares)) if shares else None, "floor": floor}
 
 
 def ba_ad(clean: float | None, attacked: float | None) -> float | None:
@@ -292,6 +315,8 @@ class CellResult:
     delta_eod: dict[int, float]   # seed -> EOD_attacked - EOD_clean
     weight_share: dict[int, float]
     missing: int                  # seeds without a finished pair
+    # seed -> the BA AD of a model at the floor (majority-class accuracy; mAP 0), read from the clean run
+    floor_ba_ad: dict[int, float] = field(default_factory=dict)
 
 
 def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds: list[int],
@@ -301,7 +326,7 @@ def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds:
     results = {}
     for cell in cells:
         clean = Cell(cell.defence, CLEAN, "honest", 0.0) if grid is None else clean_of(grid, cell)
-        b, u, e, w, missing = {}, {}, {}, {}, 0
+        b, u, e, w, fl, missing = {}, {}, {}, {}, {}, 0
         for s in seeds:
             mine, base = values.get((cell, s), {}), values.get((clean, s), {})
             if mine.get("utility") is None:
@@ -311,11 +336,13 @@ def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds:
             drop = ba_ad(base.get("utility"), mine["utility"])
             if drop is not None:
                 b[s] = drop
+            if (floor := ba_ad(base.get("utility"), base.get("floor"))) is not None:
+                fl[s] = floor
             if mine.get("eod") is not None and base.get("eod") is not None:
                 e[s] = mine["eod"] - base["eod"]
             if mine.get("weight_share") is not None:
                 w[s] = mine["weight_share"]
-        results[cell] = CellResult(cell, b, u, e, w, missing)
+        results[cell] = CellResult(cell, b, u, e, w, missing, fl)
     return results
 
 
@@ -337,7 +364,8 @@ def restricted(r: CellResult, seeds: tuple[int, ...]) -> CellResult:
         return {s: v for s, v in values.items() if s in seeds}
 
     return replace(r, ba_ad=keep(r.ba_ad), utility=keep(r.utility), delta_eod=keep(r.delta_eod),
-                   weight_share=keep(r.weight_share), missing=sum(s not in r.utility for s in seeds))
+                   weight_share=keep(r.weight_share), missing=sum(s not in r.utility for s in seeds),
+                   floor_ba_ad=keep(r.floor_ba_ad))
 
 
 def worst_case(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float) -> CellResult | None:
@@ -380,6 +408,28 @@ def all_of(verdicts: list[bool | None]) -> bool | None:
     return False if False in verdicts else (True if verdicts and all(v is True for v in verdicts) else None)
 
 
+def harm_gate(results: dict[Cell, CellResult], grid: dict) -> str | None:
+    """Why criterion 1 is undecidable on this dataset (None: it is decidable, or the grid sets no
+    decision.baseline_harm): no attack at f/n = max_fraction drives the baseline's worst case to BA AD >= the bar or
+    to the floor (the BA AD of a model at the majority-class accuracy / mAP 0), so a defence cannot be shown to
+    remove harm that the attacks do not do."""
+    rule = grid["decision"]
+    bar = rule.get("baseline_harm")
+    if bar is None:
+        return None
+    f = max(f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9)
+    theirs = worst_case(results, grid, rule["baseline"], f)
+    if theirs is None or not theirs.ba_ad:
+        return f"no {rule['baseline']} attacked cell at f/n = {f} to check the harm bar on"
+    harm = float(np.mean(list(theirs.ba_ad.values())))
+    floor = float(np.mean(list(theirs.floor_ba_ad.values()))) if theirs.floor_ba_ad else None
+    if harm >= bar or (floor is not None and harm >= floor):
+        return None
+    floor_text = "" if floor is None else f" and the floor's {floor:.3f} (a model at the majority-class accuracy)"
+    return (f"{rule['baseline']}'s worst attack at f/n = {f} ({theirs.cell.attack}/{theirs.cell.report}) reaches BA AD "
+            f"{harm:.3f}, below the bar {bar}{floor_text}: the attacks do not hurt the baseline enough to decide")
+
+
 def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
     """The four criteria of docs/robustness-protocol.md for grid['decision']['defence'] at every f/n <= max, each
     decided on 95 % Student-t intervals over seeds (pass: the interval on the right side of the bound; fail: on the
@@ -390,11 +440,15 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
     fractions = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
     held = held_out_seeds(grid)
     out = []
+    undecidable = harm_gate(results, grid)
     # 1. worst-case BA AD <= bound and >= margin below the baseline's worst case (paired interval)
     for f in fractions:
         mine, theirs = worst_case(results, grid, me, f), worst_case(results, grid, base, f)
         if mine is None or theirs is None:
             out.append(Criterion(f"worst-case BA AD at f/n = {f}", None, "cells missing"))
+            continue
+        if undecidable:
+            out.append(Criterion(f"worst-case BA AD at f/n = {f}: undecidable here", None, undecidable))
             continue
         worst = t_test(list(mine.ba_ad.values()))
         gap = paired_t(theirs.ba_ad, mine.ba_ad)
@@ -465,10 +519,12 @@ def _mean_text(values: dict[int, float], planned: int, signed: bool = False) -> 
     return interval_text(t, signed=signed) + (f" (n={t.n})" if t.n < planned else "")
 
 
-def _absent_text(grid: dict, defence: str, fraction: float) -> str:
+def _absent_text(grid: dict, defence: str, fraction: float, attack: str | None = None) -> str:
     """What a column shows for a cell the grid does not run, and why."""
     if not serves(grid, defence, fraction):
         return "n/a (not served)"
+    if attack is not None and attack not in attacks_on(grid, defence):
+        return "n/a (attacks another rule)"
     return "= honest"  # a column is shown when some defence runs it: here the defence reads no report
 
 
@@ -488,7 +544,7 @@ def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: i
     lines = ["", f"## f/n = {f}: BA AD", "", head + " | worst case |", "| --- |" + " ---: |" * (len(columns) + 1)]
     for d in defences:
         row = [_mean_text(results[Cell(d, a, rep, f)].ba_ad, n) if Cell(d, a, rep, f) in results
-               else _absent_text(grid, d, f) for a, rep in columns]
+               else _absent_text(grid, d, f, a) for a, rep in columns]
         lines.append(f"| {d} | " + " | ".join([*row, _worst_text(results, grid, d, f, n)]) + " |")
     lines += ["", f"f/n = {f}: utility under attack; attackers' share of the aggregation weight (mean over rounds); "
               "ΔEOD vs clean (EOD attacked - EOD clean: the DPA EODD in the poisoning and label-flip columns)", "",
@@ -497,18 +553,24 @@ def _fraction_tables(results: dict[Cell, CellResult], grid: dict, f: float, n: i
         row = []
         for a, rep in columns:
             r = results.get(Cell(d, a, rep, f))
-            row.append(_absent_text(grid, d, f) if r is None else
+            row.append(_absent_text(grid, d, f, a) if r is None else
                        f"{_mean_text(r.utility, n)}; {_mean_text(r.weight_share, n)}; "
                        f"{_mean_text(r.delta_eod, n, signed=True)}")
         lines.append(f"| {d} | " + " | ".join(row) + " |")
     return lines
 
 
+def _run_overrides_text(grid: dict) -> str:
+    run = grid.get("overrides", [])
+    return f" (every run, clean and attacked: {', '.join(f'`{o}`' for o in run)})" if run else ""
+
+
 def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
     n = len(seeds)
     same_f = clean_reference_mode(grid) == "same_f"
     lines = [title, "",
-             f"n = {grid['clients']} clients, seeds {seeds[0]}-{seeds[-1]}; every attacked run is paired with the same "
+             f"n = {grid['clients']} clients{_run_overrides_text(grid)}, seeds {seeds[0]}-{seeds[-1]}; every attacked "
+             "run is paired with the same "
              f"defence's clean run of the same seed{' told the same f' if same_f else ''}. BA AD = (clean - attacked) "
              "/ clean utility; mean [95 % Student-t "
              "interval over seeds]; n shown where below the seeds run; n/a: no run of the cell finished; n/a (not "
@@ -630,9 +692,14 @@ class RobustnessGrid(Experiment):
         clean_utility_test(grid)  # a misspelt option fails before any run, not at the report
         return seeds
 
+    @property
+    def name(self) -> str:
+        """The grid file's name: `robustness` for the published grid, else its own (robustness_v2: its runs apart)."""
+        return "robustness" if self.grid_path is None else self.grid_path.stem
+
     def default_out(self, ctx: Context) -> Path:
         subset = ctx.options.get("subset")
-        return experiment_out("robustness", ctx, *([subset] if subset else []))
+        return experiment_out(self.name.replace("_", "-"), ctx, *([subset] if subset else []))
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid = self.grid(ctx)
@@ -657,7 +724,8 @@ class RobustnessGrid(Experiment):
         seeds, cells, subset = self.seeds(ctx, grid), grid_cells(grid), ctx.options.get("subset")
         values = {(c, s): run_values(runs.get(run_dir_for(runs.out, c, s).name)) for s in seeds for c in cells}
         results = cell_results(values, cells, seeds, grid)
-        part = f", subset {subset!r} of the pre-registered grid" if subset else ""
+        grid_name = "" if self.name == "robustness" else f" (grid conf/table/{self.name}.yaml)"
+        part = f"{grid_name}, subset {subset!r} of the pre-registered grid" if subset else grid_name
         title = (f"# Byzantine robustness, {ctx.dataset}, scenario {ctx.scenario}{part}: {len(cells)} cells x "
                  f"{len(seeds)} seeds ({len(runs.planned)} runs; {len(runs.failures)} failed; this invocation took "
                  f"{runs.elapsed_s:.0f} s with --jobs {ctx.jobs}; the runs' own wall times sum to "

@@ -35,6 +35,13 @@ decision: {defence: krum, baseline: fedavg, reference: fedavg, max_fraction: 0.2
            margin_vs_baseline: 0.1, lie_minus_honest: 0.02, clean_utility_ratio: 0.98, delta_eod: 0.02}
 """
 
+TINY_ROBUSTNESS_V2 = TINY_ROBUSTNESS.replace("  sign_flip: [attack=byzantine]\n", """  sign_flip: [attack=byzantine]
+  adaptive_cap: {overrides: [attack=byzantine_adaptive_cap], defences: [resfl_robust], reports: false}
+""").replace("  krum: {", "  resfl_robust: {overrides: [algorithm=resfl_robust]}\n  krum: {").replace(
+    "seeds: 2\n", "seeds: 3\nclean_reference: same_f\n").replace(
+    "delta_eod: 0.02}",
+    "delta_eod: 0.02,\n           selection_seeds: [0], evaluation_seeds: [1, 2], baseline_harm: 0.5}")
+
 TINY_CURVE = """_target_: resfl_lightning.analysis.dp_curve.DpCurve
 methods: [fedavg_dp]
 epsilon: [1]
@@ -54,9 +61,9 @@ def _in_tmp(tmp_path: Path, monkeypatch):
 
 def _small(name: str, tmp_path: Path):
     """(experiment, context) of a small declaration of the registered experiment `name`."""
-    if name == "robustness":
-        grid = tmp_path / "robustness.yaml"
-        grid.write_text(TINY_ROBUSTNESS)
+    if name.startswith("robustness"):  # robustness_v2: the published grid's class, with v2's keys
+        grid = tmp_path / f"{name}.yaml"
+        grid.write_text(TINY_ROBUSTNESS if name == "robustness" else TINY_ROBUSTNESS_V2)
         return load_experiment(grid), {}
     if name.startswith("dp_curve"):
         grid = tmp_path / "dp_curve.yaml"

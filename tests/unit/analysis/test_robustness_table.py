@@ -107,7 +107,8 @@ def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
     rows = [{"round": 0, "attack/byzantine_weight_share": 0.1}, {"round": 1, "attack/byzantine_weight_share": 0.3},
             {"round": 1, "test/accuracy": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    assert run_values(finished_run(tmp_path)) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    assert run_values(finished_run(tmp_path)) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2),
+                                                  "floor": None}  # no majority-class rate in this summary
     assert run_values(finished_run(tmp_path / "missing"))["utility"] is None
 
 
@@ -313,7 +314,7 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
     for name, text in run_ledger.Ledger(tmp_path / "ledger").entries("exp")["fedavg-s0"]["files"].items():
         (restored / name).parent.mkdir(parents=True, exist_ok=True)
         (restored / name).write_text(text)
-    expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2)}
+    expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2), "floor": None}
     assert run_values(finished_run(restored)) == run_values(finished_run(run)) == expected
     assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()
 
