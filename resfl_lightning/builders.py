@@ -178,7 +178,10 @@ def build_run(cfg: DictConfig, extra_callbacks: Callable[[DictConfig], Sequence]
     dataset.preflight()  # fail fast (e.g. FACET missing) before processes start
     algorithm = algorithm_of(cfg)
     run_dir = Path(cfg.run_dir)
-    devices = cfg.fabric.devices
+    from resfl_lightning.federation.cpu_layout import cpu_layout
+
+    devices, threads = cpu_layout(cfg.fabric.devices, cfg.fabric.threads_per_process, cfg.dataset.num_clients,
+                                  cfg.fabric.num_nodes, cfg.fabric.accelerator)
     world = int(devices) * cfg.fabric.num_nodes if str(devices).isdigit() else 1
     strategy = cfg.fabric.strategy if cfg.fabric.strategy != "auto" or world == 1 else "ddp"
     from resfl_lightning.federation.collectives import build_strategy
@@ -193,7 +196,7 @@ def build_run(cfg: DictConfig, extra_callbacks: Callable[[DictConfig], Sequence]
     if cfg.fabric.accelerator == "cpu":
         import torch
 
-        torch.set_num_threads(cfg.fabric.threads_per_process)
+        torch.set_num_threads(threads)
     data = build_federated_data(dataset, seed=cfg.seed, rank_zero=fabric.is_global_zero, printer=fabric.print,
                                 device_type=fabric.device.type)
     factory = ClientFactory(cfg, data)

@@ -133,7 +133,8 @@ class FabricConfig(Section):
     checks = (rules.fabric_devices,)
 
     accelerator: str = setting("cpu", "Fabric accelerator", choices=("cpu", "gpu", "cuda", "mps", "tpu", "auto"))
-    devices: Any = setting(1, "processes per node: an integer >= 1, 'auto', or device ids")
+    devices: Any = setting(1, "processes per node: an integer >= 1, 'auto', device ids, or 'cores' (on the CPU one "
+                              "process per usable core up to the clients, cores // processes threads each; else auto)")
     num_nodes: int = setting(1, "nodes (torchrun / SLURM)", ge=1)
     strategy: str = setting("auto", "Fabric strategy; auto becomes ddp with more than one process")
     precision: str | int = setting("32-true", "Fabric precision", choices=PRECISIONS)

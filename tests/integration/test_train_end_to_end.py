@@ -107,3 +107,16 @@ def test_interrupt_and_resume_equals_uninterrupted(baseline: Path, algorithm: li
     assert_same_states(final_states(run_dir), final_states(baseline), exact=True)
     rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [0, 1]
+
+
+@pytest.mark.slow
+def test_devices_cores_uses_the_machines_cores_and_matches_one_process(baseline: Path, algorithm: list[str],
+                                                                         tmp_path: Path):
+    if algorithm != ALGORITHMS["resfl"]:
+        pytest.skip("one algorithm suffices: the layout does not depend on the method")
+    from resfl_lightning.federation.cpu_layout import usable_cores
+
+    proc = train(tmp_path / "cores", "fabric.devices=cores", *algorithm)
+    processes = min(usable_cores(), 2)  # TINY has 2 clients
+    assert (f"MEMBER: 1/{processes}" in proc.stdout + proc.stderr) == (processes > 1)
+    assert_same_states(final_states(tmp_path / "cores"), final_states(baseline), exact=False)
