@@ -381,9 +381,9 @@ class Tune(Experiment):
         if not 1 <= k <= settings.trials:
             raise ExperimentError(f"--trials must lie in 1..{settings.trials} (the first k of every grid), got {k}")
         user = [o for o in ctx.overrides if override_key(o) != SWITCH]  # use_tuned=false: no base (frozen_bases)
-        experiment = preset_experiment(ctx.dataset, ctx.overrides)
-        grids = {m: load_grid(m, settings, experiment=experiment)[:k] for m in methods}
-        grid_files = {m: grid_file(m, experiment).relative_to(conf_dir()).as_posix() for m in methods}
+        scope = preset_experiment(ctx.dataset, ctx.overrides) or ctx.dataset  # conf/tune/<scope>/: its own grids
+        grids = {m: load_grid(m, settings, experiment=scope)[:k] for m in methods}
+        grid_files = {m: grid_file(m, scope).relative_to(conf_dir()).as_posix() for m in methods}
         check_user_overrides(ctx.overrides, grids)
         out.mkdir(parents=True, exist_ok=True)
         # the reference presets run too (trial 0 only) when their method is not tuned here

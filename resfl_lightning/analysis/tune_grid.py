@@ -107,7 +107,8 @@ def reserved_seeds() -> set[int]:
 def grid_file(method: str, experiment: str | None = None, root: Path | None = None) -> Path:
     """conf/tune/<experiment>/<method>.yaml when the experiment preset declares its own grid for the method (a
     range that depends on the preset's scale, such as DP-SGD's lr x C against its gradient norms), else
-    conf/tune/<method>.yaml. `root`: conf/tune/."""
+    conf/tune/<method>.yaml. `experiment` is the tune's grid scope (analysis/tune.py: the preset, or the dataset
+    when it has none, as conf/tune/adult/). `root`: conf/tune/."""
     root = root if root is not None else conf_dir() / "tune"
     own = root / experiment / f"{method}.yaml" if experiment else None
     return own if own is not None and own.is_file() else root / f"{method}.yaml"

@@ -48,7 +48,8 @@ def test_every_preset_has_a_grid_of_the_budget_with_the_preset_first():
 
 
 def preset_grids() -> list[tuple[str, str]]:
-    """(experiment, method) of every grid an experiment preset declares for itself: conf/tune/<experiment>/."""
+    """(scope, method) of every grid an experiment preset, or a dataset without one, declares for itself:
+    conf/tune/<scope>/."""
     return [(d.name, p.stem) for d in sorted((conf_dir() / "tune").iterdir()) if d.is_dir()
             for p in sorted(d.glob("*.yaml"))]
 
@@ -62,20 +63,32 @@ def test_an_experiment_preset_may_declare_its_own_grid_for_a_method(tmp_path: Pa
     assert grid_file("m", "another", tmp_path) == grid_file("m", None, tmp_path) == tmp_path / "m.yaml"
 
 
+def scope_overrides(scope: str) -> list[str]:
+    """The dataset and preset overrides a tune of this grid scope composes (a dataset scope: no preset)."""
+    if (conf_dir() / "dataset" / f"{scope}.yaml").is_file():
+        assert not (conf_dir() / "experiment" / f"table_{scope}.yaml").is_file(), f"{scope} has a table preset"
+        return [f"dataset={scope}"]
+    assert (conf_dir() / "experiment" / f"{scope}.yaml").is_file(), f"conf/tune/{scope}/: no such preset or dataset"
+    return ["dataset=synthetic", f"experiment={scope}"]
+
+
 def test_every_preset_grid_belongs_to_an_experiment_and_a_method_and_keeps_the_budget():
-    """The calibrated detection preset declares DP-SGD's lr x C grids of its own (conf/tune/table_synthetic/);
-    each is what a tune of that preset loads, has the budget and a header, and sets keys of the method's config."""
+    """The calibrated detection preset declares DP-SGD's lr x C grids of its own (conf/tune/table_synthetic/), and
+    Adult (no preset) PUFFLE's post hoc grid (conf/tune/adult/); each is what a tune of that scope loads, has the
+    budget and a header, and sets keys of the method's config."""
     s, presets = load_settings(), algorithm_presets()
     assert {m for e, m in preset_grids() if e == "table_synthetic"} == {"fedavg_dp", "pfu_fl", "puffle",
                                                                          "puffle_resfl"}
-    for experiment, method in preset_grids():
-        path = conf_dir() / "tune" / experiment / f"{method}.yaml"
-        assert (conf_dir() / "experiment" / f"{experiment}.yaml").is_file() and method in presets, path
-        assert grid_file(method, experiment) == path and path.read_text().startswith("#"), path
-        grid = load_grid(method, s, experiment=experiment)
+    assert {m for e, m in preset_grids() if e == "adult"} == {"puffle"}
+    for scope, method in preset_grids():
+        path = conf_dir() / "tune" / scope / f"{method}.yaml"
+        assert method in presets, path
+        assert grid_file(method, scope) == path and path.read_text().startswith("#"), path
+        grid = load_grid(method, s, experiment=scope)
         assert len(grid) == s.trials and grid[0] == () and grid != load_grid(method, s), path
-        settings = flatten(composed_settings([*common_overrides("synthetic", "group_skew", method),
-                                              f"experiment={experiment}"]))
+        dataset = scope_overrides(scope)[0].split("=", 1)[1]
+        settings = flatten(composed_settings([*common_overrides(dataset, "group_skew", method),
+                                              *scope_overrides(scope)[1:]]))
         for trial in grid:
             assert trial_keys(trial) <= set(settings), f"{path}: {trial_keys(trial) - set(settings)}"
             assert not any(SCALE in o for o in concrete(trial, settings))
@@ -143,8 +156,10 @@ def test_every_trial_of_every_grid_passes_the_config_rules(dataset):
         settings = flatten(composed_settings(base))
         for trial in load_grid(method, s)[3:]:  # trials 1-2 are every grid's shared optimiser axis
             load_config(composed_settings([*base, *concrete(trial, settings)]))
-    for experiment, method in preset_grids() if dataset == "synthetic" else []:  # the presets are detection's
-        base = [*common_overrides(dataset, "iid", method), f"experiment={experiment}"]
+    for scope, method in preset_grids():  # each scope's own grids, on the dataset it belongs to
+        if scope_overrides(scope)[0] != f"dataset={dataset}":
+            continue
+        base = [*common_overrides(dataset, "iid", method), *scope_overrides(scope)[1:]]
         settings = flatten(composed_settings(base))
-        for trial in load_grid(method, s, experiment=experiment)[1:]:
+        for trial in load_grid(method, s, experiment=scope)[1:]:
             load_config(composed_settings([*base, *concrete(trial, settings)]))
