@@ -310,7 +310,8 @@ def plan_tuned_file(t: MethodTuning, target: Path, repository_file: Path, comman
     if merged is None:
         t.outcome = "Trial 0 (the preset) selected and no tuned file existed: none written."
         return None
-    note = (f"# `resfl tune` (conf/table/tune.yaml, grid conf/tune/{t.method}.yaml, seeds {seeds}): trial {i}"
+    grid = t.grid_file or f"tune/{t.method}.yaml"  # a preset's or dataset's own grid (conf/tune/<scope>/) named
+    note = (f"# `resfl tune` (conf/table/tune.yaml, grid conf/{grid}, seeds {seeds}): trial {i}"
             + (f" ({' '.join(t.trials[i])})" if t.trials[i] else " (the tuning base kept)") + ".")
     where = "merged into" if existing is not None else "written to"
     t.outcome = f"Tuned file {where} {recorded_path(target)}: overrides {', '.join(merged['overrides'])}."

@@ -275,6 +275,17 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
     assert lines[0] == "# why the frontier chose phi" and lines[1].startswith("# `resfl tune` (conf/table/tune.yaml")
     assert "trial 2 (algorithm.lambda_fair=0.03)" in lines[1]
     assert yaml.safe_load(target.read_text())["evidence"][-1] == "docs/results/tune-adult-iid.md"
+    assert "grid conf/tune/resfl.yaml" in lines[1]
+
+
+def test_the_written_file_names_a_scopes_own_grid(tmp_path: Path):
+    # It named conf/tune/<method>.yaml whatever grid the trials came from (PUFFLE's Adult grid, conf/tune/adult/).
+    t = tuning()
+    t.grid_file = "tune/adult/resfl.yaml"
+    t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
+                        "epsilon": None}
+    text = plan_tuned_file(t, tmp_path / "resfl.yaml", tmp_path / "none.yaml", "c", "e.md", SEEDS)
+    assert "(conf/table/tune.yaml, grid conf/tune/adult/resfl.yaml, seeds" in text.splitlines()[0]
 
 
 def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: Path):
