@@ -89,21 +89,26 @@ def local_reweighting_needs_classification(run: Any) -> None:
 
 
 def adaptive_attack_needs_resfl_robust(run: Any) -> None:
-    # Checked here, before the data are built; ByzantineRound repeats it for rules given in code.
+    # Checked here, before the data are built; ByzantineRound repeats it for rules given in code. Reads the raw attack
+    # nodes: their typed settings are the attack registry's (build_run), after group names become indices.
+    from collections.abc import Mapping
+
     from hydra.utils import get_class
 
     from resfl_lightning.aggregation.resfl_robust import RobustResfl
     from resfl_lightning.attacks.byzantine_round import RULE_NEEDS
-    from resfl_lightning.attacks.registry import read_attacks, selected
 
     aggregation = run.aggregation.get("_target_") if run.aggregation is not None else None
-    if aggregation is not None and issubclass(get_class(str(aggregation)), RobustResfl):
+    if run.attack is None or (aggregation is not None and issubclass(get_class(str(aggregation)), RobustResfl)):
         return
-    for attack in selected(*read_attacks(run.attack)):
-        kind = getattr(attack.settings, "kind", None)
+    enabled = run.attack.get("enabled")
+    for name, node in run.attack.items():
+        if not (isinstance(node, Mapping) and "_target_" in node) or (enabled is not None and name not in enabled):
+            continue
+        kind = node.get("kind")
         if kind in RULE_NEEDS:
-            _fail(f"attack.{attack.name}.kind", f"{kind} attacks resfl_robust's {', '.join(RULE_NEEDS[kind])}, but "
-                  f"the run aggregates with {aggregation}; use algorithm=resfl_robust")
+            _fail(f"attack.{name}.kind", f"{kind} attacks resfl_robust's {', '.join(RULE_NEEDS[kind])}, but the run "
+                  f"aggregates with {aggregation}; use algorithm=resfl_robust")
 
 
 def swa_export_needs_swa(run: Any) -> None:
