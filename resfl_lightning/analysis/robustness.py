@@ -611,7 +611,33 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     for c in decide(results, grid):
         verdict = "not decided" if c.passed is None else ("passed" if c.passed else "FAILED")
         lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
+    lines += weight_share_lines(results, grid, n)
     return "\n".join(lines) + "\n"
+
+
+def weight_share_lines(results: dict[Cell, CellResult], grid: dict, n: int) -> list[str]:
+    """Where the grid sets decision.weight_share_margin: per f/n <= max_fraction, the decision defence's attacked
+    cell with the largest mean attackers' weight share against the bar f/n + margin, and every cell whose mean is
+    above it (a report beside the rule, not a criterion); [] without the key (the published files)."""
+    rule = grid["decision"]
+    margin = rule.get("weight_share_margin")
+    if margin is None:
+        return []
+    me = rule["defence"]
+    lines = ["", f"## Attackers' share of {me}'s aggregation weight (bar: f/n + {margin})", "",
+             "| f/n | bar | largest mean share (cell) | cells above the bar |", "| ---: | ---: | --- | --- |"]
+    for f in [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]:
+        cells = [(float(np.mean(list(r.weight_share.values()))), c, r) for c, r in results.items()
+                 if c.defence == me and c.attack != CLEAN and c.fraction == f and r.weight_share]
+        bar = f + margin
+        if not cells:
+            lines.append(f"| {f} | {bar:.2f} | n/a | n/a |")
+            continue
+        mean, cell, r = max(cells, key=lambda x: x[0])
+        above = ", ".join(f"{c.attack}/{c.report} {m:.3f}" for m, c, _ in sorted(cells, key=lambda x: -x[0])
+                          if m > bar) or "none"
+        lines.append(f"| {f} | {bar:.2f} | {_mean_text(r.weight_share, n)} ({cell.attack}/{cell.report}) | {above} |")
+    return lines
 
 
 def figure_axes(results: dict[Cell, CellResult], grid: dict, title: str = ""):

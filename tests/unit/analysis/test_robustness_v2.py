@@ -96,7 +96,7 @@ def _harm_grid(**decision) -> dict:
     grid = v2("core")
     grid["fractions"] = [0.2]
     grid["decision"] = {k: v for k, v in grid["decision"].items()
-                        if k not in ("selection_seeds", "evaluation_seeds", "baseline_harm")}
+                        if k not in ("selection_seeds", "evaluation_seeds", "baseline_harm", "weight_share_margin")}
     grid["decision"].update(decision)
     return grid
 
@@ -169,3 +169,19 @@ def test_the_command_finds_a_robustness_grid_by_name():
     assert grid_file("robustness") is None and grid_file("robustness_v2") == V2
     with pytest.raises(SystemExit, match="robustness grids"):
         grid_file("calibration")
+
+
+def test_the_weight_share_report_names_the_cells_above_f_over_n_plus_the_margin():
+    grid = _harm_grid(weight_share_margin=0.02)
+    table = _table([0.40, 0.39, 0.41, 0.40, 0.39])
+    table[("resfl_robust", "adaptive_cap", "honest", 0.2)] = [0.84, 0.83, 0.85, 0.84, 0.83]
+    values = _values(table, 0.75)
+    for s in range(5):
+        values[(Cell("resfl_robust", "adaptive_cap", "honest", 0.2), s)]["weight_share"] = 0.30
+        values[(Cell("resfl_robust", "sign_flip_n_over_f", "honest", 0.2), s)]["weight_share"] = 0.15
+    results = cell_results(values, [Cell(*k) for k in table], list(range(5)), grid)
+    text = markdown(results, grid, "# t", list(range(5)))
+    assert "## Attackers' share of resfl_robust's aggregation weight (bar: f/n + 0.02)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 0.2 | 0.22 |"))
+    assert "(adaptive_cap/honest)" in row and row.endswith("| adaptive_cap/honest 0.300 |")  # 0.15 is under 0.22
+    assert "Attackers' share" not in markdown(results, _harm_grid(), "# t", list(range(5)))  # no key: no section
