@@ -284,19 +284,23 @@ def unpaired_runs(grid: dict, cells: list[Cell], seeds: list[int], out: Path) ->
 
 
 WEIGHT_SHARE = "attack/byzantine_weight_share"  # per round in metrics.jsonl
+ROOT_RATIO = "aggregation/fltrust_root_norm_ratio"  # per round: ||g_0|| / median ||d_i|| (FLTrust's fidelity)
+ROOT_RATIO_BAND = (0.5, 2.0)  # docs/robustness-protocol.md "Defence fidelity options"
 
 
 def run_values(run: RunData | None) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
     rounds of a finished run; None where absent (and everywhere for a run that has not finished)."""
     if run is None:
-        return {"utility": None, "eod": None, "weight_share": None, "floor": None}
+        return {"utility": None, "eod": None, "weight_share": None, "floor": None, "root_ratio": None}
     utility, floor = run.value("test/map"), 0.0  # detection: a model that learned nothing has mAP 0
     if utility is None:
         utility, floor = run.value("test/accuracy"), run.value("test/majority_class_rate")
     shares = [share for row in run.rows if (share := finite(row.get(WEIGHT_SHARE))) is not None]
+    ratios = [ratio for row in run.rows if (ratio := finite(row.get(ROOT_RATIO))) is not None]
     return {"utility": utility, "eod": run.value("test/eod"),
-            "weight_share": float(np.mean(shares)) if shares else None, "floor": floor}
+            "weight_share": float(np.mean(shares)) if shares else None, "floor": floor,
+            "root_ratio": (min(ratios), max(ratios)) if ratios else None}
 
 
 def ba_ad(clean: float | None, attacked: float | None) -> float | None:
@@ -317,6 +321,7 @@ class CellResult:
     missing: int                  # seeds without a finished pair
     # seed -> the BA AD of a model at the floor (majority-class accuracy; mAP 0), read from the clean run
     floor_ba_ad: dict[int, float] = field(default_factory=dict)
+    root_ratio: dict[int, tuple[float, float]] = field(default_factory=dict)  # seed -> FLTrust's (min, max) over rounds
 
 
 def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds: list[int],
@@ -326,7 +331,7 @@ def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds:
     results = {}
     for cell in cells:
         clean = Cell(cell.defence, CLEAN, "honest", 0.0) if grid is None else clean_of(grid, cell)
-        b, u, e, w, fl, missing = {}, {}, {}, {}, {}, 0
+        b, u, e, w, fl, rr, missing = {}, {}, {}, {}, {}, {}, 0
         for s in seeds:
             mine, base = values.get((cell, s), {}), values.get((clean, s), {})
             if mine.get("utility") is None:
@@ -338,11 +343,13 @@ def cell_results(values: dict[tuple[Cell, int], dict], cells: list[Cell], seeds:
                 b[s] = drop
             if (floor := ba_ad(base.get("utility"), base.get("floor"))) is not None:
                 fl[s] = floor
+            if mine.get("root_ratio") is not None:
+                rr[s] = tuple(mine["root_ratio"])
             if mine.get("eod") is not None and base.get("eod") is not None:
                 e[s] = mine["eod"] - base["eod"]
             if mine.get("weight_share") is not None:
                 w[s] = mine["weight_share"]
-        results[cell] = CellResult(cell, b, u, e, w, missing, fl)
+        results[cell] = CellResult(cell, b, u, e, w, missing, fl, rr)
     return results
 
 
@@ -365,7 +372,7 @@ def restricted(r: CellResult, seeds: tuple[int, ...]) -> CellResult:
 
     return replace(r, ba_ad=keep(r.ba_ad), utility=keep(r.utility), delta_eod=keep(r.delta_eod),
                    weight_share=keep(r.weight_share), missing=sum(s not in r.utility for s in seeds),
-                   floor_ba_ad=keep(r.floor_ba_ad))
+                   floor_ba_ad=keep(r.floor_ba_ad), root_ratio=keep(r.root_ratio))
 
 
 def worst_case(results: dict[Cell, CellResult], grid: dict, defence: str, fraction: float) -> CellResult | None:
@@ -612,7 +619,28 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
         verdict = "not decided" if c.passed is None else ("passed" if c.passed else "FAILED")
         lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
     lines += weight_share_lines(results, grid, n)
+    lines += root_ratio_lines(results, grid)
     return "\n".join(lines) + "\n"
+
+
+def root_ratio_lines(results: dict[Cell, CellResult], grid: dict) -> list[str]:
+    """Per defence whose runs log FLTrust's ||g_0|| / median ||d_i||: its range over rounds, cells and seeds, and the
+    runs with a round outside the fidelity band (reported, not dropped); [] when no run logs it."""
+    lo, hi = ROOT_RATIO_BAND
+    lines = []
+    for d in grid["defences"]:
+        runs = [(c, s, span) for c, r in results.items() if c.defence == d for s, span in r.root_ratio.items()]
+        if not runs:
+            continue
+        outside = [f"{c.name}-s{s}" for c, s, (a, b) in runs if a < lo or b > hi]
+        lines.append(f"| {d} | {min(a for _, _, (a, _) in runs):.2f}-{max(b for _, _, (_, b) in runs):.2f} | "
+                     f"{len(outside)} of {len(runs)}{': ' + ', '.join(outside[:8]) if outside else ''}"
+                     f"{' ...' if len(outside) > 8 else ''} |")
+    if not lines:
+        return []
+    return ["", f"## FLTrust fidelity: ||g_0|| / median ||d_i|| per round (faithful in [{lo}, {hi}])", "",
+            "| defence | range over rounds, cells and seeds | runs with a round outside |", "| --- | ---: | --- |",
+            *lines]
 
 
 def weight_share_lines(results: dict[Cell, CellResult], grid: dict, n: int) -> list[str]:
@@ -706,7 +734,7 @@ class RobustnessGrid(Experiment):
     robustness.md (BA AD per cell, worst cases, the decision rule) and robustness.png."""
 
     writer = "resfl robustness"
-    keep = {"metrics.jsonl": ("round", WEIGHT_SHARE)}  # what run_values reads beyond the summary
+    keep = {"metrics.jsonl": ("round", WEIGHT_SHARE, ROOT_RATIO)}  # what run_values reads beyond the summary
 
     def grid(self, ctx: Context) -> dict:
         return select(load_grid(self.grid_path), ctx.options.get("subset"))

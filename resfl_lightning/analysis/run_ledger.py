@@ -30,7 +30,7 @@ from resfl_lightning.analysis.portable_paths import given_roots, localised, port
 
 # What every experiment command reads from a finished run (its settings, final values and wall time); a command
 # that reads more names it with `keep` (the table: every per-round row and the Hydra config; the robustness table:
-# one per-round key). metrics.jsonl holds ~10 KB a round of per-client rows, too much to carry for thousands of runs.
+# two per-round keys). metrics.jsonl holds ~10 KB a round of per-client rows, too much to carry for thousands of runs.
 FILES = ("config.yaml", "summary.json", "table_wall_s.json")
 ALL_KEYS = None  # keep a JSON-lines file whole
 CHUNK_RUNS = 100  # entries per chunk: each chunk is rewritten whole as it grows, then left as it is

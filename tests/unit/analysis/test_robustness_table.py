@@ -108,7 +108,7 @@ def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
             {"round": 1, "test/accuracy": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     assert run_values(finished_run(tmp_path)) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2),
-                                                  "floor": None}  # no majority-class rate in this summary
+                                                  "floor": None, "root_ratio": None}  # no such keys in this run
     assert run_values(finished_run(tmp_path / "missing"))["utility"] is None
 
 
@@ -306,15 +306,17 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
     run = tmp_path / "m1" / "exp" / "fedavg-s0"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))
-    rows = [{"round": 0, "attack/byzantine_weight_share": 0.1, "client/0/ufm_raw": 2.0},
-            {"round": 1, "attack/byzantine_weight_share": 0.3}]
+    rows = [{"round": 0, "attack/byzantine_weight_share": 0.1, "client/0/ufm_raw": 2.0,
+             "aggregation/fltrust_root_norm_ratio": 1.5},
+            {"round": 1, "attack/byzantine_weight_share": 0.3, "aggregation/fltrust_root_norm_ratio": 0.4}]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     run_ledger.active().record(run, [])
     restored = tmp_path / "m2" / "exp" / "fedavg-s0"
     for name, text in run_ledger.Ledger(tmp_path / "ledger").entries("exp")["fedavg-s0"]["files"].items():
         (restored / name).parent.mkdir(parents=True, exist_ok=True)
         (restored / name).write_text(text)
-    expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2), "floor": None}
+    expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2), "floor": None,
+                "root_ratio": (0.4, 1.5)}
     assert run_values(finished_run(restored)) == run_values(finished_run(run)) == expected
     assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()
 

@@ -185,3 +185,19 @@ def test_the_weight_share_report_names_the_cells_above_f_over_n_plus_the_margin(
     row = next(line for line in text.splitlines() if line.startswith("| 0.2 | 0.22 |"))
     assert "(adaptive_cap/honest)" in row and row.endswith("| adaptive_cap/honest 0.300 |")  # 0.15 is under 0.22
     assert "Attackers' share" not in markdown(results, _harm_grid(), "# t", list(range(5)))  # no key: no section
+
+
+def test_fltrusts_root_norm_ratio_is_reported_with_the_runs_outside_its_band():
+    grid = v2("partial")
+    grid["fractions"] = [0.2]
+    table = {("fltrust", CLEAN, "honest", 0.0): CLEAN_U, ("fltrust", "optimal_alie", "honest", 0.2): CLEAN_U,
+             ("fedavg", CLEAN, "honest", 0.0): CLEAN_U}
+    values = _values(table, 0.75)
+    for s in range(5):
+        values[(Cell("fltrust", CLEAN, "honest", 0.0), s)]["root_ratio"] = (0.6, 1.2)
+        values[(Cell("fltrust", "optimal_alie", "honest", 0.2), s)]["root_ratio"] = (0.43 if s == 3 else 0.7, 0.9)
+    results = cell_results(values, [Cell(*k) for k in table], list(range(5)), grid)
+    text = markdown(results, grid, "# t", list(range(5)))
+    assert "| fltrust | 0.43-1.20 | 1 of 10: fltrust-optimal_alie-honest-f20-s3 |" in text
+    assert "FLTrust fidelity" not in markdown(cell_results(_values(table, 0.75), [Cell(*k) for k in table],
+                                                           list(range(5)), grid), grid, "# t", list(range(5)))
