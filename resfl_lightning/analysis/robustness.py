@@ -56,14 +56,10 @@ def load_grid(path: Path | None = None) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path or conf_dir() / "table" / "robustness.yaml"), resolve=True)
 
 
-# What a subset may set besides its cells: its own seeds, overrides of every run (a participation setting: the same in
-# a cell's clean and attacked runs) and decision keys (merged into the grid's `decision`).
-SUBSET_SETTINGS = ("seeds", "overrides", "decision")
-
-
 def select(grid: dict, subset: str | None) -> dict:
     """The grid restricted to a named subset (its fractions, attacks, report modes and defences), or with another
-    number of clients n (`clients`: the protocol's n = 4, f = 1 cells), seeds, run overrides or decision keys."""
+    number of clients n (`clients`: the protocol's n = 4, f = 1 cells), its own `seeds`, `overrides` of every run (a
+    participation setting: the same in a cell's clean and attacked runs) or `decision` keys (merged into the grid's)."""
     check_attack_defences(grid)
     if subset is None:
         return grid
@@ -422,9 +418,10 @@ def harm_gate(results: dict[Cell, CellResult], grid: dict) -> str | None:
     remove harm that the attacks do not do."""
     rule = grid["decision"]
     bar = rule.get("baseline_harm")
-    if bar is None:
+    decided = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
+    if bar is None or not decided:  # no bar, or no f/n criterion 1 reads (a subset above max_fraction)
         return None
-    f = max(f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9)
+    f = max(decided)
     theirs = worst_case(results, grid, rule["baseline"], f)
     if theirs is None or not theirs.ba_ad:
         return f"no {rule['baseline']} attacked cell at f/n = {f} to check the harm bar on"

@@ -201,3 +201,11 @@ def test_fltrusts_root_norm_ratio_is_reported_with_the_runs_outside_its_band():
     assert "| fltrust | 0.43-1.20 | 1 of 10: fltrust-optimal_alie-honest-f20-s3 |" in text
     assert "FLTrust fidelity" not in markdown(cell_results(_values(table, 0.75), [Cell(*k) for k in table],
                                                            list(range(5)), grid), grid, "# t", list(range(5)))
+
+
+def test_a_subset_above_the_decided_fractions_renders_without_a_harm_check():
+    grid = v2("above")  # f/n 0.3, 0.4 only: criterion 1 reads none of them; the bar must not fail the report
+    table = {("fedavg", CLEAN, "honest", 0.0): CLEAN_U, ("fedavg", "optimal_alie", "honest", 0.3): CLEAN_U}
+    results = cell_results(_values(table, 0.75), [Cell(*k) for k in table], list(range(5)), grid)
+    assert harm_gate(results, grid) is None
+    assert "## Decision rule on resfl_robust" in markdown(results, grid, "# t", list(range(5)))
