@@ -11,7 +11,7 @@ from pathlib import Path
 
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, select, train_overrides
+from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, runs_kind, select, train_overrides
 
 CHECKED = Cell("fedavg", CLEAN, "honest", 0.0)  # the rule reads FedAvg's clean run
 
@@ -95,8 +95,7 @@ class ClientCheck(Experiment):
         return grid, check_rule(grid, ctx.options["subset"])
 
     def default_out(self, ctx: Context) -> Path:
-        kind = "robustness" if self.grid_path is None else self.grid_path.stem.replace("_", "-")
-        return experiment_out(kind, ctx, ctx.options["subset"], "client-check")
+        return experiment_out(runs_kind(self.grid_path), ctx, ctx.options["subset"], "client-check")
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid, rule = self.rule(ctx)

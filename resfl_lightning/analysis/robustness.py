@@ -52,6 +52,16 @@ class Cell:
         return f"{self.defence}-{self.attack}-{self.report}-f{round(100 * self.fraction):02d}"
 
 
+def grid_name(path: Path | None) -> str:
+    """The grid file's name: `robustness` for the published grid (path None), else its own (robustness_v2)."""
+    return "robustness" if path is None else Path(path).stem
+
+
+def runs_kind(path: Path | None) -> str:
+    """The first part of the grid's default run folders, runs/<kind>-...: a v2 grid's runs stay apart."""
+    return grid_name(path).replace("_", "-")
+
+
 def load_grid(path: Path | None = None) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path or conf_dir() / "table" / "robustness.yaml"), resolve=True)
 
@@ -745,12 +755,11 @@ class RobustnessGrid(Experiment):
 
     @property
     def name(self) -> str:
-        """The grid file's name: `robustness` for the published grid, else its own (robustness_v2: its runs apart)."""
-        return "robustness" if self.grid_path is None else self.grid_path.stem
+        return grid_name(self.grid_path)
 
     def default_out(self, ctx: Context) -> Path:
         subset = ctx.options.get("subset")
-        return experiment_out(self.name.replace("_", "-"), ctx, *([subset] if subset else []))
+        return experiment_out(runs_kind(self.grid_path), ctx, *([subset] if subset else []))
 
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid = self.grid(ctx)

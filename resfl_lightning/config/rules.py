@@ -40,7 +40,6 @@ def fabric_devices(fabric: Any) -> None:
         _fail("fabric.devices", f"must be an integer >= 1, 'auto' or a list of device ids, got {d!r}")
 
 
-
 def swa_start_value(a: Any) -> None:
     s = a.swa_start
     if s is not None and not ((isinstance(s, int) and s >= 0) or (isinstance(s, float) and 0 < s < 1)):
