@@ -135,6 +135,7 @@ ADDED_KEYS: dict[str, Any] = {
     "attack.mia.method": "shadow", "attack.mia.references": 4, "attack.mia.rmia_gamma": 1.0,
     "attack.mia.rmia_offline_a": 1.0, "attack.mia.per_client": False, "attack.byzantine.search_evals": 16,
     "attack.byzantine.trust_margin": 0.1, "attack.byzantine.report_margin": 0.5, "algorithm.curv_refresh": 1,
+    "algorithm.curv_direction": "converged",
     "aggregation.root_steps": "root_split", "aggregation.worker_momentum": 0.0, "aggregation.noise_lambda": 0.0,
     "aggregation.check_se": "reported",
 }

@@ -10,6 +10,7 @@ One part alone:
   resfl bench scale [--rounds 3] [--fraction 0.01] [--counts ...]  the scale part
   resfl bench aggregation [--counts 10 100] [--device cpu]        each rule's aggregation time per round
   resfl bench csv [--rows 1000000] [--columns 50]                 dataset=csv load + partition time
+  resfl bench curvature [--steps 40]                             the curvature estimators against lambda_max
 """
 
 from __future__ import annotations
@@ -133,6 +134,25 @@ def steps_part(argv: list[str]) -> int:
     return 0
 
 
+def curvature_part(argv: list[str]) -> int:
+    from resfl_lightning.benchmarks import curvature_tracking
+
+    p = argparse.ArgumentParser(prog="resfl bench curvature", description=curvature_tracking.__doc__)
+    _step_arguments(p)
+    p.set_defaults(steps=40)
+    p.add_argument("--skip", type=int, default=4, help="steps left out of the summary (the estimators' cold starts)")
+    p.add_argument("--quick", action="store_true", help="a femto detector, 64 px, 2 images, 3 steps (a smoke test)")
+    args = p.parse_args(argv)
+    import torch
+
+    if args.quick:
+        vars(args).update(QUICK_STEP, steps=3, skip=1)
+    torch.set_num_threads(1)
+    observed, _ = curvature_tracking.tracking(args.scale, args.image_size, args.batch, args.steps)
+    _console().print(curvature_tracking.table(observed, args.skip))
+    return 0
+
+
 def csv_part(argv: list[str]) -> int:
     from resfl_lightning.benchmarks import csv_load
 
@@ -166,7 +186,7 @@ def aggregation_part(argv: list[str]) -> int:
     return 0
 
 
-PARTS = {"steps": steps_part, "round": round_part, "scale": scale_part, "csv": csv_part,
+PARTS = {"steps": steps_part, "round": round_part, "scale": scale_part, "csv": csv_part, "curvature": curvature_part,
          "aggregation": aggregation_part}
 
 

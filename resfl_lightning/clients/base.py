@@ -78,7 +78,8 @@ class FederatedClient(L.LightningModule):
         self._adv_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._local_seed: int | None = None  # the seed import_local_state drew a first phi from (reinit derives)
         self._epoch_position: tuple[int, int, int | None] = (0, 1, None)  # (epoch, epochs, batches): begin_epoch
-        self.curvature = FisherCurvature(iters=weights.curv_iters, refresh=weights.curv_refresh)
+        self.curvature = FisherCurvature(iters=weights.curv_iters, refresh=weights.curv_refresh,
+                                          direction=weights.curv_direction)
         self.plugins: list[ClientPlugin] = []
 
     def add_plugin(self, plugin: ClientPlugin) -> None:

@@ -31,6 +31,9 @@ class LossWeights:
     curv_iters: int = setting(3, "power iterations per step of the curvature term", ge=1)
     curv_refresh: int = setting(1, "the curvature term on one step in k on average (drawn with probability 1/k, "
                                 "weighted k: the same loss in expectation); 1 = every step", ge=1)
+    curv_direction: str = setting("converged", "the vector the curvature term is taken along: converged (curv_iters "
+                                  "power iterations a step) or held (the last step's, moved one power step: one J v "
+                                  "a step)", choices=("converged", "held"))
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
 
 

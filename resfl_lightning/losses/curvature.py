@@ -73,20 +73,27 @@ class _FisherOperator:
         return [x / self.n for x in self.jtw(self.jv(v).detach())]
 
     def curvature(self, v: Sequence[torch.Tensor]) -> torch.Tensor:
-        """v^T F v = (1/B) ||J v||^2 with v held constant, differentiable w.r.t. the parameters.
+        """v^T F v = (1/B) ||J v||^2 with v held constant, differentiable w.r.t. the parameters."""
+        return self.curvature_and_product(v)[0]
+
+    def curvature_and_product(self, v: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """v^T F v as in :meth:`curvature`, and F v (detached), which its gradient computes anyway.
 
         Differentiating ||J v||^2 directly needs third-order AD (BatchNorm has none). Its gradient is
         (2/B) sum_i c_i grad(g_i . v) with c = J v, i.e. the gradient of s = (2/B) v . grad(c . losses) for c held
-        constant, which only needs second order; return value + s - s.detach() (value of one, gradient of the other)."""
+        constant, which only needs second order; return value + s - s.detach() (value of one, gradient of the other).
+        grad(c . losses) = J^T J v = B F v: one power-iteration step comes with the term at no extra J v."""
         v = [x.detach() for x in v]
         c = self.jv(v).detach()
         value = c.pow(2).sum() / self.n
         grads = torch.autograd.grad(self.losses, self.params, grad_outputs=c, create_graph=True, allow_unused=True)
+        fv = [torch.zeros_like(p) if g is None else g.detach() / self.n
+              for p, g in zip(self.params, grads, strict=True)]
         terms = [(g * x).sum() for g, x in zip(grads, v, strict=True) if g is not None and g.requires_grad]
         if not terms:
-            return value + self.losses.sum() * 0.0
+            return value + self.losses.sum() * 0.0, fv
         s = (2.0 / self.n) * sum(terms)
-        return value + (s - s.detach())
+        return value + (s - s.detach()), fv
 
 
 def _initial_vector(
@@ -220,13 +227,25 @@ class FisherCurvature:
     otherwise: the same loss in expectation at 1/k of the cost (docs/performance.md, "The curvature row"); the power
     iteration then runs only on those steps, warm-started from the vector they last held. k = 1 draws nothing.
     `due()` draws a step's decision ahead, so that a caller skips preparing the samples (CurvFed's correct images)
-    on a step that will not use them; the next call takes that decision instead of drawing."""
+    on a step that will not use them; the next call takes that decision instead of drawing.
+
+    ``direction``: ``converged`` power-iterates (up to ``iters``) on each step's Fisher and takes the term along the
+    vector found; ``held`` takes it along the vector held from the last step, v^T F_t v, and moves that vector one
+    power-iteration step, F_t v / ||F_t v||, with the product the term's own gradient computes: one J v a step
+    instead of iters + 1. Over steps it is the power iteration warm-started across steps, so on a Fisher that moves
+    slowly v follows its top eigenvector (tests/unit/losses/test_curvature.py); a cold start (no vector held, the
+    first step of a client) runs ``iters`` iterations first."""
+
+    DIRECTIONS = ("converged", "held")
 
     def __init__(self, iters: int = 10, param_filter: ParamFilter = None, tol: float = 1e-3, seed: int = 0,
-                 refresh: int = 1) -> None:
+                 refresh: int = 1, direction: str = "converged") -> None:
         _check_iters(iters, tol)
         if refresh < 1:
             raise ValueError(f"FisherCurvature: refresh must be >= 1, got {refresh}")
+        if direction not in self.DIRECTIONS:
+            raise ValueError(f"FisherCurvature: direction must be one of {self.DIRECTIONS}, got {direction!r}")
+        self.direction = direction
         self.iters = iters
         self.tol = tol
         self.refresh = refresh
@@ -286,6 +305,14 @@ class FisherCurvature:
             self.last_eigenvalue, self.last_iterations = 0.0, 0
             return losses.sum() * 0.0, 0.0
         op = _FisherOperator(losses, params)
+        if self.direction == "held" and self.v is not None:
+            v = _initial_vector(params, self.v, self._generator)
+            term, fv = op.curvature_and_product(v)
+            eig = float(_dot(v, fv))  # the Rayleigh quotient of the held vector: the term's value
+            fv_norm = float(_norm(fv))
+            self.v = [a / fv_norm for a in fv] if fv_norm > 0.0 else v
+            self.last_eigenvalue, self.last_iterations = eig, 1
+            return (term * self.refresh if self.refresh > 1 else term), eig
         v = _initial_vector(params, self.v, self._generator)
         eig, v, k = _power_iteration(op, v, self.iters, self.tol)
         self.v = v

@@ -11,7 +11,7 @@ import pytest
 
 from resfl_lightning.benchmarks import dp_tabular
 from resfl_lightning.benchmarks import round as bench_round
-from resfl_lightning.benchmarks.steps import REFRESH_ROW, SEPARABLE_ROWS, STEP_GOALS, VARIANTS
+from resfl_lightning.benchmarks.steps import HELD_ROWS, REFRESH_ROW, SEPARABLE_ROWS, STEP_GOALS, VARIANTS
 from resfl_lightning.cli import bench
 
 pytestmark = pytest.mark.slow  # `resfl bench --quick` runs every part (child processes included): ~50 s
@@ -70,7 +70,7 @@ def test_round_overhead_devices_and_first_step_rows(printed):
 
 
 def test_step_time_aggregation_and_scale_rows(printed):
-    for variant in [*VARIANTS, *SEPARABLE_ROWS.values(), REFRESH_ROW[0]]:
+    for variant in [*VARIANTS, *SEPARABLE_ROWS.values(), REFRESH_ROW[0], *(name for name, _ in HELD_ROWS)]:
         _positive(printed[variant][0])
         _positive(printed[variant][1])
     for cell in printed["64px, 2 images, 4 boxes"]:  # phi's box features: roi_align vs separable, and the ratio

@@ -313,3 +313,59 @@ def test_a_decision_drawn_ahead_is_the_one_the_next_call_takes():
         a, _ = ahead(_losses(model, x, y), params)
         b, _ = inline(_losses(model, x, y), params)
         assert (a.item() != 0) == due and a.item() == b.item()
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_held_direction_converges_to_eigvalsh_over_steps_on_a_fixed_fisher(batchnorm: bool):
+    """direction=held runs one power-iteration step a call: on a Fisher that does not move, its eigenvalue (the term's
+    value) reaches the exact top eigenvalue of the explicit Fisher, and its vector the top eigenvector."""
+    model, (x, y) = _model(batchnorm), _data()
+    params = list(model.parameters())
+    losses = _losses(model, x, y)
+    fisher = _explicit_fisher(losses, params)
+    evals, evecs = np.linalg.eigh(fisher)
+    helper = FisherCurvature(iters=1, direction="held", seed=2)
+    eigs = []
+    for step in range(400):
+        term, eig = helper(_losses(model, x, y), params)
+        if step:  # after the cold start the eigenvalue reported is the term's value (the held vector's quotient)
+            assert term.item() == pytest.approx(eig, rel=1e-9)
+        eigs.append(eig)
+    assert helper.last_iterations == 1
+    assert abs(eigs[-1] - evals[-1]) / evals[-1] < 1e-6
+    assert abs(abs(_flat(helper.v) @ evecs[:, -1]) - 1.0) < 1e-4
+    assert eigs[0] < 0.9 * evals[-1]  # one iteration from a random start is not enough, so the check can fail
+
+
+def test_held_direction_is_the_term_along_the_held_vector_and_moves_it_one_power_step():
+    """The held term equals fisher_curvature_loss along the held vector, value and gradient; the next vector is
+    F v / ||F v|| (the explicit Fisher's product)."""
+    model, (x, y) = _model(batchnorm=True), _data()
+    params = list(model.parameters())
+    v = [torch.randn(p.shape, generator=torch.Generator().manual_seed(9), dtype=p.dtype) for p in params]
+    norm = np.linalg.norm(_flat(v))
+    v = [a / norm for a in v]
+    helper = FisherCurvature(iters=5, direction="held")
+    helper.v = v
+    term, eig = helper(_losses(model, x, y), params)
+    reference = fisher_curvature_loss(_losses(model, x, y), params, v)
+    assert term.item() == pytest.approx(reference.item(), rel=1e-12) and eig == pytest.approx(term.item(), rel=1e-12)
+    for a, b in zip(torch.autograd.grad(term, params), torch.autograd.grad(reference, params), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    fv = _explicit_fisher(_losses(model, x, y), params) @ _flat(v)
+    np.testing.assert_allclose(_flat(helper.v), fv / np.linalg.norm(fv), rtol=1e-8, atol=1e-12)
+    assert helper.last_iterations == 1
+
+
+def test_held_direction_cold_starts_with_the_power_iteration():
+    model, (x, y) = _model(), _data()
+    params = list(model.parameters())
+    held = FisherCurvature(iters=4, tol=0.0, seed=6, direction="held")
+    converged = FisherCurvature(iters=4, tol=0.0, seed=6)
+    a, eig_a = held(_losses(model, x, y), params)
+    b, eig_b = converged(_losses(model, x, y), params)
+    assert held.last_iterations == 4 and a.item() == b.item() and eig_a == eig_b
+    held(_losses(model, x, y), params)
+    assert held.last_iterations == 1
+    with pytest.raises(ValueError, match="direction must be one of"):
+        FisherCurvature(direction="fast")
