@@ -104,6 +104,11 @@ SWITCH_KEYS = (SWITCH,)
 # sets every key of a file (conf/table/robustness.yaml `pinned:`) leaves nothing of it applied, so the record goes
 # null while the run is the same run.
 RECORD_KEYS = ("tuned_file",)
+# Nor how phi pools a detection box on a run that has no boxes: every method's config carries the adversary preset's
+# keys, but only the detection client reads these, so a tabular run saved with the earlier default (roi_align, before
+# 2026-11-29) is the run composed now, bit for bit.
+DETECTION_ONLY_KEYS = (
+    "algorithm.adversary_roi_impl", "algorithm.adversary_roi_bins", "algorithm.adversary_roi_samples")
 # Nor where a class lives: the attack classes moved from callbacks/ to attacks/ (docs/renamed.md), so a run saved
 # with the old `_target_` is the run the new one composes now.
 MOVED_TARGETS = {
@@ -178,8 +183,15 @@ def saved_config_mismatch(saved_yaml: str, overrides: list[str]) -> list[str]:
     saved = current_targets(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = composed_settings(overrides)
     saved, now = ({k: v for k, v in d.items() if k not in LOCATION_KEYS} for d in (saved, now))
-    ignored = (*TRANSFER_KEYS, *SWITCH_KEYS, *RECORD_KEYS)
+    ignored = (*TRANSFER_KEYS, *SWITCH_KEYS, *RECORD_KEYS,
+               *(() if "detection" in (task_of(saved), task_of(now)) else DETECTION_ONLY_KEYS))
     return [line for line in legacy_aware_diff(saved, now) if line.split(":", 1)[0] not in ignored]
+
+
+def task_of(config: dict[str, Any]) -> str | None:
+    """The run's task (dataset.task: detection, classification), None where the config names none."""
+    dataset = config.get("dataset")
+    return dataset.get("task") if isinstance(dataset, dict) else None
 
 
 def stale_runs(jobs: list[tuple[Path, list[str]]]) -> list[str]:

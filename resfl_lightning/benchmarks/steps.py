@@ -27,12 +27,14 @@ VARIANTS = {
     "resfl + curvfed (lambda_curv=0.1)": LossWeights(lambda_curv=0.1),  # Fisher over every image: every_image_correct
 }
 # RESFL with phi's box features from one roi_align bin of 2 x 2 samples instead of 7 x 7 adaptive bins (opt-in:
-# algorithm.adversary_roi_bins=1 algorithm.adversary_roi_samples=2; docs/performance.md)
-CHEAP_ROI = ("resfl, cheap ROI pooling (roi_bins=1, roi_samples=2)", AdversarySettings(roi_bins=1, roi_samples=2))
-# the same box mean as the default, as matrix products (opt-in: algorithm.adversary_roi_impl=separable)
-SEPARABLE = AdversarySettings(roi_impl="separable")
-SEPARABLE_ROWS = {"resfl (task+adv+unc)": "resfl, separable ROI mean (adversary_roi_impl=separable)",
-                  "resfl + curvfed (lambda_curv=0.1)": "resfl + curvfed, separable ROI mean"}
+# algorithm.adversary_roi_impl=roi_align adversary_roi_bins=1 adversary_roi_samples=2; docs/performance.md)
+CHEAP_ROI = ("resfl, cheap roi_align pooling (roi_bins=1, roi_samples=2)",
+             AdversarySettings(roi_impl="roi_align", roi_bins=1, roi_samples=2))
+# the same box mean as the default (separable matrix products) through torchvision's roi_align, the default before
+# 2026-11-29 (algorithm.adversary_roi_impl=roi_align)
+ROI_ALIGN = AdversarySettings(roi_impl="roi_align")
+ROI_ALIGN_ROWS = {"resfl (task+adv+unc)": "resfl, roi_align box mean (adversary_roi_impl=roi_align)",
+                  "resfl + curvfed (lambda_curv=0.1)": "resfl + curvfed, roi_align box mean"}
 # The curvature term on one step in REFRESH on average, weighted REFRESH (algorithm.curv_refresh; the same loss in
 # expectation): its cost is a mean over steps, read over REFRESH x as many steps
 REFRESH = 4
@@ -190,8 +192,8 @@ def step_table(scale: str, image_size: int, batch: dict, steps: int, device: str
     rows = []
     for name, weights in VARIANTS.items():
         rows.append((name, weights, None, STEP_GOALS.get(name)))
-        if name in SEPARABLE_ROWS:
-            rows.append((SEPARABLE_ROWS[name], weights, SEPARABLE, STEP_GOALS.get(name)))
+        if name in ROI_ALIGN_ROWS:
+            rows.append((ROI_ALIGN_ROWS[name], weights, ROI_ALIGN, STEP_GOALS.get(name)))
     rows.append((CHEAP_ROI[0], VARIANTS["resfl (task+adv+unc)"], CHEAP_ROI[1], None))
     rows.append((REFRESH_ROW[0], REFRESH_ROW[1], None, STEP_GOALS[REFRESH_ROW[0]]))
     rows.extend((name, weights, None, STEP_GOALS[name]) for name, weights in HELD_ROWS)
@@ -233,7 +235,8 @@ ROI_SIZES = ((128, 16, 80), (320, 16, 100), (640, 8, 60))  # (px, images, person
 
 
 def roi_mean_table(repeats: int, sizes: tuple = ROI_SIZES) -> Table:
-    """phi's box features: roi_align then the mean (the default) vs the separable box mean, and their ratio."""
+    """phi's box features: roi_align then the mean (the default before 2026-11-29) vs the separable box mean (now),
+    and their ratio."""
     table = Table(title="phi's box features alone (3 levels, forward + backward, 1 thread)")
     for col in ("input", "roi_align s", "separable s", "ratio"):
         table.add_column(col, justify="right" if col != "input" else "left")

@@ -58,9 +58,9 @@ class AdversarySettings:
                             "with roi_samples k: one bin of k x k samples, cheaper)", ge=1)
     roi_samples: int = setting(-1, "detection: roi_align samples per bin side (-1: adaptive, ceil(box / bins) per "
                                "box)", ge=-1)
-    roi_impl: str = setting("roi_align", "detection: the box mean through torchvision's roi_align (bitwise as "
-                            "before) or separable (the same value as two weight vectors and matrix products, ~10x "
-                            "cheaper with its backward)", choices=ROI_IMPLS)
+    roi_impl: str = setting("separable", "detection: the box mean as two weight vectors and matrix products "
+                            "(separable, ~10x cheaper with its backward) or through torchvision's roi_align (the "
+                            "same value to float rounding; the default before 2026-11-29)", choices=ROI_IMPLS)
     rounds: int | None = None  # the run's horizon T: the dann schedule's progress is counted over it
 
     def __post_init__(self) -> None:

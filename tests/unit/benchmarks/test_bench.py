@@ -11,7 +11,7 @@ import pytest
 
 from resfl_lightning.benchmarks import dp_tabular
 from resfl_lightning.benchmarks import round as bench_round
-from resfl_lightning.benchmarks.steps import HELD_ROWS, REFRESH_ROW, SEPARABLE_ROWS, STEP_GOALS, VARIANTS
+from resfl_lightning.benchmarks.steps import HELD_ROWS, REFRESH_ROW, ROI_ALIGN_ROWS, STEP_GOALS, VARIANTS
 from resfl_lightning.cli import bench
 
 pytestmark = pytest.mark.slow  # `resfl bench --quick` runs every part (child processes included): ~50 s
@@ -70,13 +70,13 @@ def test_round_overhead_devices_and_first_step_rows(printed):
 
 
 def test_step_time_aggregation_and_scale_rows(printed):
-    for variant in [*VARIANTS, *SEPARABLE_ROWS.values(), REFRESH_ROW[0], *(name for name, _ in HELD_ROWS)]:
+    for variant in [*VARIANTS, *ROI_ALIGN_ROWS.values(), REFRESH_ROW[0], *(name for name, _ in HELD_ROWS)]:
         _positive(printed[variant][0])
         _positive(printed[variant][1])
     for cell in printed["64px, 2 images, 4 boxes"]:  # phi's box features: roi_align vs separable, and the ratio
         _positive(cell)
     for variant, goal in STEP_GOALS.items():
-        for row in (variant, *([SEPARABLE_ROWS[variant]] if variant in SEPARABLE_ROWS else [])):
+        for row in (variant, *([ROI_ALIGN_ROWS[variant]] if variant in ROI_ALIGN_ROWS else [])):
             assert re.fullmatch(rf"<= {goal:.2f}x: (met|not met)", printed[row][2]), printed[row]
     _positive(printed["seconds per folded client delta"][0])
     _positive(printed["throughput (client deltas folded per second)"][0])
@@ -121,7 +121,7 @@ def test_steps_part_on_a_chosen_precision(monkeypatch, tmp_path):
     text = out.getvalue()
     assert "1 thread, bf16-mixed" in text and "host syncs" not in text
     rows = _rows(text)
-    for variant in [*VARIANTS, *SEPARABLE_ROWS.values()]:
+    for variant in [*VARIANTS, *ROI_ALIGN_ROWS.values()]:
         _positive(rows[variant][0])
     with pytest.raises(SystemExit):
         bench.main(["steps", "--quick", "--precision", "fp8"])

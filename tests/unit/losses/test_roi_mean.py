@@ -89,9 +89,29 @@ def test_the_setting_reaches_phi_and_bad_values_are_refused():
     from resfl_lightning.algorithms.base import Algorithm
     from resfl_lightning.analysis.run_settings import composed_settings
 
-    a = composed_settings(["algorithm=resfl", "algorithm.adversary_roi_impl=separable"])["algorithm"]
+    a = composed_settings(["algorithm=resfl", "algorithm.adversary_roi_impl=roi_align"])["algorithm"]
     assert Algorithm(**{k: v for k, v in a.items() if k in Algorithm.__dataclass_fields__}).adversary(10).roi_impl \
-        == "separable"
-    assert composed_settings(["algorithm=resfl"])["algorithm"]["adversary_roi_impl"] == "roi_align"  # the default
+        == "roi_align"
+    assert composed_settings(["algorithm=resfl"])["algorithm"]["adversary_roi_impl"] == "separable"  # the default
+    assert AdversarySettings().roi_impl == "separable"  # and in code (clients built without a config)
     with pytest.raises(ValueError, match="impl must be one of"):
         AdversarySettings(roi_impl="fast")
+
+
+@pytest.mark.parametrize(("dataset", "stale"), [("adult", False), ("synthetic", True)])
+def test_a_run_saved_with_roi_align_is_stale_only_where_boxes_are_pooled(tmp_path, dataset: str, stale: bool):
+    """The default moved to separable on 2026-11-29: a detection run saved with roi_align is another run (its model
+    differs in the last bits), a tabular run saved with it is the run composed now (its client pools no box)."""
+    from omegaconf import OmegaConf
+
+    from resfl_lightning.analysis.run_settings import composed_settings, finished_run_mismatch
+
+    overrides = [f"dataset={dataset}", "logger=none"]
+    saved = composed_settings(overrides)
+    saved["algorithm"]["adversary_roi_impl"] = "roi_align"
+    OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+    expected = ["algorithm.adversary_roi_impl: roi_align -> separable"] if stale else []
+    assert finished_run_mismatch(tmp_path, overrides) == expected
+    saved["algorithm"]["lambda_priv"] = 0.5  # any other key still counts on either task
+    OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+    assert "algorithm.lambda_priv: 0.5 -> 0.1" in finished_run_mismatch(tmp_path, overrides)
