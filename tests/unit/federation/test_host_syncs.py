@@ -51,7 +51,8 @@ CURVATURE = {
     (SHAPE, "resfl_lightning/losses/curvature.py:__init__"): "the Fisher's double backward through that row mask",
     (SHAPE, "resfl_lightning/losses/curvature.py:jv"): "the Fisher's double backward through that row mask",
     (SHAPE, "resfl_lightning/losses/curvature.py:jtw"): "the Fisher's double backward through that row mask",
-    (SHAPE, "resfl_lightning/losses/curvature.py:curvature"): "the Fisher's double backward through that row mask",
+    (SHAPE, "resfl_lightning/losses/curvature.py:curvature_and_product"):
+        "the Fisher's double backward through that row mask",
 }
 COMMON = {
     UNC_GROUPS: "L_unc is a mean over the groups present in the batch (torch.unique over the known-group rows); a "
