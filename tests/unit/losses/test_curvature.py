@@ -324,6 +324,9 @@ def test_held_direction_converges_to_eigvalsh_over_steps_on_a_fixed_fisher(batch
     losses = _losses(model, x, y)
     fisher = _explicit_fisher(losses, params)
     evals, evecs = np.linalg.eigh(fisher)
+    grads = _per_sample_grads(_losses(model, x, y), params)
+    gram_top = np.linalg.eigvalsh(grads @ grads.T / B)[-1]  # the B x B Gram form: the same nonzero spectrum
+    assert gram_top == pytest.approx(evals[-1], rel=1e-9)
     helper = FisherCurvature(iters=1, direction="held", seed=2)
     eigs = []
     for step in range(400):
