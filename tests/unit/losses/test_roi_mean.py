@@ -115,3 +115,13 @@ def test_a_run_saved_with_roi_align_is_stale_only_where_boxes_are_pooled(tmp_pat
     saved["algorithm"]["lambda_priv"] = 0.5  # any other key still counts on either task
     OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
     assert "algorithm.lambda_priv: 0.5 -> 0.1" in finished_run_mismatch(tmp_path, overrides)
+
+
+@pytest.mark.parametrize("preset", ["table_synthetic", "table_synthetic_v1"])
+def test_the_detection_table_presets_keep_roi_align(preset: str):
+    """Their published runs and tune trials pooled through roi_align: the pin keeps them the runs the presets make."""
+    from resfl_lightning.analysis.run_settings import composed_settings
+
+    settings = composed_settings(["dataset=synthetic", f"experiment={preset}", "algorithm=resfl"])
+    assert settings["algorithm"]["adversary_roi_impl"] == "roi_align"
+    assert composed_settings(["dataset=synthetic", "algorithm=resfl"])["algorithm"]["adversary_roi_impl"] == "separable"
