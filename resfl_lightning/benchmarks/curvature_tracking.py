@@ -14,7 +14,7 @@ import statistics
 import torch
 from rich.table import Table
 
-from resfl_lightning.benchmarks.steps import _spec, every_image_correct, synthetic_batches
+from resfl_lightning.benchmarks.steps import detector_spec, every_image_correct, synthetic_batches
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_power_iteration
@@ -65,7 +65,8 @@ def tracking(scale: str, image_size: int, batch: int, steps: int, batches: int =
     (None with observe=False: the same trajectory, unobserved) and the trained client."""
     torch.manual_seed(0)
     data = synthetic_batches(image_size, batch, batches)
-    client = DetectionClient(_spec(scale, image_size), 3, CURVFED_WEIGHTS, UfmSettings(), OptimSettings(lr=0.01))
+    client = DetectionClient(detector_spec(scale, image_size), 3, CURVFED_WEIGHTS, UfmSettings(),
+                             OptimSettings(lr=0.01))
     every_image_correct(client)
     observed = _Observed(client.curvature, reference_iters, reference_tol) if observe else None
     if observed is not None:

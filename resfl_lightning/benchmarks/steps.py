@@ -75,7 +75,7 @@ def step_times(weights: LossWeights, scale: str, image_size: int, batch: dict, s
     """Seconds of each timed step on `device` under `precision` (32-true or bf16-mixed autocast), and the host
     syncs CUDA's sync debug mode reported over the timed steps (0 off CUDA, where nothing is counted)."""
     torch.manual_seed(0)
-    client = DetectionClient(_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01),
+    client = DetectionClient(detector_spec(scale, image_size), 3, weights, UfmSettings(), OptimSettings(lr=0.01),
                              adversary=adversary).to(device)
     if weights.lambda_curv > 0:
         every_image_correct(client)
@@ -139,7 +139,7 @@ def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str 
     from resfl_lightning.privacy.dp import ClientDP, DPSettings, prepare_model
 
     torch.manual_seed(0)
-    client = DetectionClient(_spec(scale, image_size), 3, VARIANTS["fedavg (task only)"], UfmSettings(),
+    client = DetectionClient(detector_spec(scale, image_size), 3, VARIANTS["fedavg (task only)"], UfmSettings(),
                              OptimSettings(lr=0.01))
     client.model = prepare_model(client.model)
     client.criterion = type(client.criterion)(client.model)
@@ -158,7 +158,7 @@ def dp_step_times(scale: str, image_size: int, batch: dict, steps: int, dp: str 
         return timed_steps(client, opt, batch, steps)[0]
 
 
-def _spec(scale: str, image_size: int):
+def detector_spec(scale: str, image_size: int):
     from resfl_lightning.models.yolo import YoloSpec
 
     return YoloSpec(num_classes=1, scale=scale, image_size=image_size)
@@ -166,7 +166,7 @@ def _spec(scale: str, image_size: int):
 
 def aggregation_cost(scale: str, image_size: int, clients: int) -> tuple[int, float, float]:
     """Streaming weighted sum over `clients` deltas: seconds per client and peak extra memory in |theta| units."""
-    model = DetectionClient(_spec(scale, image_size), 3, LossWeights(), UfmSettings(), OptimSettings())
+    model = DetectionClient(detector_spec(scale, image_size), 3, LossWeights(), UfmSettings(), OptimSettings())
     layout = FlatLayout.of(model)
     theta = layout.flatten(model)
     t0 = time.perf_counter()
