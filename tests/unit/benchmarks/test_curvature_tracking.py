@@ -24,3 +24,13 @@ def test_observing_the_estimators_leaves_the_trajectory_bitwise_and_reads_raylei
     assert len(converged) == 4 and min(converged) > 0.9  # one batch: the Fisher moves only with the parameters
     rendered = curvature_tracking.table(observed, skip=1)
     assert rendered.row_count == len(curvature_tracking.ESTIMATORS)
+
+
+def test_the_command_prints_one_row_per_estimator(capsys, monkeypatch):
+    from resfl_lightning.cli import bench
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert bench.main(["curvature", "--quick"]) == 0
+    printed = capsys.readouterr().out
+    for name in curvature_tracking.ESTIMATORS:
+        assert name in printed
