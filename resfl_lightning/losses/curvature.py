@@ -305,17 +305,17 @@ class FisherCurvature:
             self.last_eigenvalue, self.last_iterations = 0.0, 0
             return losses.sum() * 0.0, 0.0
         op = _FisherOperator(losses, params)
-        if self.direction == "held" and self.v is not None:
-            v = _initial_vector(params, self.v, self._generator)
+        held = self.direction == "held" and self.v is not None
+        v = _initial_vector(params, self.v, self._generator)
+        if held:
             term, fv = op.curvature_and_product(v)
             eig = float(_dot(v, fv))  # the Rayleigh quotient of the held vector: the term's value
             fv_norm = float(_norm(fv))
             self.v = [a / fv_norm for a in fv] if fv_norm > 0.0 else v
             self.last_eigenvalue, self.last_iterations = eig, 1
-            return (term * self.refresh if self.refresh > 1 else term), eig
-        v = _initial_vector(params, self.v, self._generator)
-        eig, v, k = _power_iteration(op, v, self.iters, self.tol)
-        self.v = v
-        self.last_eigenvalue, self.last_iterations = eig, k
-        term = op.curvature(v)
+        else:
+            eig, v, k = _power_iteration(op, v, self.iters, self.tol)
+            self.v = v
+            self.last_eigenvalue, self.last_iterations = eig, k
+            term = op.curvature(v)
         return (term * self.refresh if self.refresh > 1 else term), eig
