@@ -14,13 +14,12 @@ import statistics
 import torch
 from rich.table import Table
 
-from resfl_lightning.benchmarks.steps import detector_spec, every_image_correct, synthetic_batches
+from resfl_lightning.benchmarks.steps import REFRESH, detector_spec, every_image_correct, synthetic_batches
 from resfl_lightning.clients.base import LossWeights, OptimSettings, UfmSettings
 from resfl_lightning.clients.detection import DetectionClient
 from resfl_lightning.losses.curvature import FisherCurvature, fisher_power_iteration
 
 CURVFED_WEIGHTS = LossWeights(lambda_priv=0.0, lambda_fair=0.0, lambda_task=0.08, lambda_curv=0.92)  # conf/algorithm
-REFRESH = 4
 ESTIMATORS = {  # name -> (FisherCurvature keywords, J v products a step that computes the term)
     "converged (curv_iters=3, the default)": ({"iters": 3}, "4"),
     "converged, curv_iters=1": ({"iters": 1}, "2"),

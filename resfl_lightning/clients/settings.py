@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from resfl_lightning.config.fields import setting
+from resfl_lightning.losses.curvature import CURV_DIRECTIONS
 from resfl_lightning.losses.grl import GRL_SCHEDULES
 from resfl_lightning.losses.roi_mean import ROI_IMPLS
 
@@ -33,7 +34,7 @@ class LossWeights:
                                 "weighted k: the same loss in expectation); 1 = every step", ge=1)
     curv_direction: str = setting("converged", "the vector the curvature term is taken along: converged (curv_iters "
                                   "power iterations a step) or held (the last step's, moved one power step: one J v "
-                                  "a step)", choices=("converged", "held"))
+                                  "a step)", choices=CURV_DIRECTIONS)
     curv_params: str = setting("head", "parameters the curvature term sees", choices=("head", "all"))
 
 

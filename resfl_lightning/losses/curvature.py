@@ -214,6 +214,7 @@ def _name_predicate(param_filter: ParamFilter) -> Callable[[str], bool]:
     return lambda name: name.startswith(prefixes)
 
 
+CURV_DIRECTIONS = ("converged", "held")  # algorithm.curv_direction: FisherCurvature's `direction`
 _REFRESH_STREAM = 0x43555256  # the refresh draws' own stream beside the cold-start vectors' (same client seed)
 
 
@@ -236,15 +237,13 @@ class FisherCurvature:
     slowly v follows its top eigenvector (tests/unit/losses/test_curvature.py); a cold start (no vector held, the
     first step of a client) runs ``iters`` iterations first."""
 
-    DIRECTIONS = ("converged", "held")
-
     def __init__(self, iters: int = 10, param_filter: ParamFilter = None, tol: float = 1e-3, seed: int = 0,
                  refresh: int = 1, direction: str = "converged") -> None:
         _check_iters(iters, tol)
         if refresh < 1:
             raise ValueError(f"FisherCurvature: refresh must be >= 1, got {refresh}")
-        if direction not in self.DIRECTIONS:
-            raise ValueError(f"FisherCurvature: direction must be one of {self.DIRECTIONS}, got {direction!r}")
+        if direction not in CURV_DIRECTIONS:
+            raise ValueError(f"FisherCurvature: direction must be one of {CURV_DIRECTIONS}, got {direction!r}")
         self.direction = direction
         self.iters = iters
         self.tol = tol
