@@ -19,6 +19,9 @@ from resfl_lightning.analysis.experiment import ExperimentError, raise_failures,
 from resfl_lightning.analysis.run_data import RunData, finished_run
 from resfl_lightning.analysis.run_records import summed_wall
 
+# `touch <out>/STOP` while a command runs: it starts no more runs, lets the ones in flight finish, and removes the file
+STOP_FILE = "STOP"
+
 
 @dataclass(frozen=True)
 class Context:
@@ -185,7 +188,7 @@ def execute(experiment: Experiment, ctx: Context) -> tuple[Path, Report]:
     jobs = [(out / r.name, r.overrides) for r in planned]
     refuse_stale(jobs, out)
     run_ledger.keep(dict(experiment.keep))
-    failures = run_jobs(jobs, ctx.jobs)
+    failures = run_jobs(jobs, ctx.jobs, stop_file=out / STOP_FILE)
     runs = Runs(out, planned, failures, started)
     unpaired = experiment.unpaired_runs(ctx, runs)
     if unpaired:

@@ -198,11 +198,14 @@ def stop_starting_after(minutes: float | None) -> None:
 
 
 def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
-             report: Callable[[str], None] = lambda line: print(line, flush=True)) -> list[str]:
+             report: Callable[[str], None] = lambda line: print(line, flush=True),
+             stop_file: Path | None = None) -> list[str]:
     """Train every (run_dir, overrides) not finished yet, `workers` at a time; each free worker takes the first
     waiting job in `scheduled` order as of that moment (so the runs that finished meanwhile inform it). Returns the
-    failures' messages (one failed run never stops the others). Past the start deadline (stop_starting_after) a
-    free worker takes nothing more, and once the runs in flight finished StoppedStarting says how many are left."""
+    failures' messages (one failed run never stops the others). Past the start deadline (stop_starting_after), or
+    once `stop_file` exists (a user's `touch`, while the command runs), a free worker takes nothing more, and once
+    the runs in flight finished StoppedStarting says how many are left; the stop file is then removed, so that the
+    same command continues."""
     from resfl_lightning.analysis import run_ledger
 
     failures: list[str] = []
@@ -214,11 +217,15 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         ledger.sync(jobs, report)  # runs finished on an earlier machine count as finished here
     finished = _finished_walls(jobs)[0]  # read once, then kept up to date in memory (scheduling, time left)
     settled: set[Path] = set(finished)
+    asked = [False]  # the stop file was seen: once asked, no run starts (removing the file does not resume)
+    if stop_file is not None and len(finished) < len(jobs):
+        report(f"to start no more runs (the runs in flight finish and are kept): touch {stop_file}")
 
     def take() -> tuple[Path, list[str]] | None:
         with lock:
+            asked[0] = asked[0] or (stop_file is not None and stop_file.exists())
             # Past the deadline only finished runs are taken: they start nothing, only report (and reach the ledger).
-            past = deadline is not None and time.monotonic() >= deadline
+            past = asked[0] or (deadline is not None and time.monotonic() >= deadline)
             names = {rd for rd, _ in waiting if not past or rd in finished}
             job = next((j for j in scheduled(jobs, finished) if j[0] in names), None)
             if job is not None:
@@ -254,9 +261,12 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         t.start()
     for t in threads:
         t.join()
+    if asked[0]:
+        stop_file.unlink(missing_ok=True)  # consumed: the next command in this folder starts its runs
     if waiting:
+        why = f"as {stop_file} asked (now removed)" if asked[0] else "at the --stop-starting-after deadline"
         raise StoppedStarting(
-            f"stopped starting runs at the --stop-starting-after deadline: {len(waiting)} of {len(jobs)} runs not "
+            f"stopped starting runs {why}: {len(waiting)} of {len(jobs)} runs not "
             f"started ({len(failures)} failed); the same command continues them"
             + (f" (commit {ledger.root} to continue on another machine)" if ledger is not None else ""))
     return failures

@@ -40,7 +40,7 @@ def test_the_detection_subset_declares_the_amendments_rule_on_a_seed_outside_the
 
 def _fake_runs(values: dict[int, float], seen: list):
     """run_jobs that 'trains' each check run by writing the summary its n should give."""
-    def run_jobs(jobs, workers):
+    def run_jobs(jobs, workers, **_):
         for run_dir, overrides in jobs:
             seen.append(overrides)
             n = int(next(o for o in overrides if o.startswith("dataset.num_clients=")).split("=")[1])

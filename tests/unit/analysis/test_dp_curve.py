@@ -130,7 +130,7 @@ def test_markdown_and_plot_from_fabricated_runs(tmp_path: Path, monkeypatch):
     grid_path.write_text(GOOD)
     calls = []
 
-    def fake_jobs(jobs, workers):
+    def fake_jobs(jobs, workers, **_):
         calls.append(len(jobs))
         for rd, overrides in jobs:
             seed = int(next(o for o in overrides if o.startswith("seed=")).split("=")[1])

@@ -146,15 +146,26 @@ def test_a_stale_finished_run_is_refused_before_training(name: str, tmp_path: Pa
     (run_dir / "summary.json").write_text("{}")
     (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
     monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
-                        lambda jobs, workers: pytest.fail("trained despite a stale run"))
+                        lambda jobs, workers, **_: pytest.fail("trained despite a stale run"))
     with pytest.raises(ExperimentError, match="trained with other settings"):
         execute(experiment, ctx)
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_every_experiment_stops_on_a_stop_file_in_its_out_folder(name: str, tmp_path: Path, monkeypatch):
+    """`touch <out>/STOP` reaches the launcher of every experiment command (analysis/runner.py reads it)."""
+    experiment, ctx = _case(name, tmp_path)
+    seen = []
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs",
+                        lambda jobs, workers, stop_file=None: seen.append(stop_file) or _train(jobs))
+    execute(experiment, ctx)
+    assert seen == [ctx.out / "STOP"]
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_a_failed_run_fails_the_command_after_the_files_are_written(name: str, tmp_path: Path, monkeypatch):
     experiment, ctx = _case(name, tmp_path)
-    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: _train(jobs, skip=0))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers, **_: _train(jobs, skip=0))
     with pytest.raises(ExperimentError, match="1 of .* runs failed"):
         execute(experiment, ctx)
     written = [p for p in ctx.out.glob("*.md")]
@@ -164,7 +175,7 @@ def test_a_failed_run_fails_the_command_after_the_files_are_written(name: str, t
 @pytest.mark.parametrize("name", CASES)
 def test_the_published_file_has_its_provenance_and_figures(name: str, tmp_path: Path, monkeypatch):
     experiment, ctx = _case(name, tmp_path, results=tmp_path / "docs" / "published.md")
-    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: _train(jobs))
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers, **_: _train(jobs))
     out, report = execute(experiment, ctx)
     text = (tmp_path / "docs" / "published.md").read_text()
     head = text.split("\n## ")[0]

@@ -301,7 +301,7 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
     from resfl_lightning.analysis import run_ledger
 
     run_ledger.use(tmp_path / "ledger")
-    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda jobs, workers: [])  # only the ledger spec
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", lambda *_, **__: [])  # only the ledger spec
     _execute(tmp_path / "out")
     run = tmp_path / "m1" / "exp" / "fedavg-s0"
     run.mkdir(parents=True)
@@ -327,7 +327,7 @@ def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
 
     run_ledger.use(None)
 
-    def finish(jobs, workers):
+    def finish(jobs, workers, **_):
         for run_dir, _ in jobs:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "summary.json").write_text(json.dumps({"test/accuracy": 0.8, "test/eod": 0.1}))

@@ -199,3 +199,42 @@ def test_finished_runs_are_no_runs_to_start_past_the_deadline(tmp_path: Path, mo
 def test_a_start_deadline_must_be_positive():
     with pytest.raises(ValueError, match="stop-starting-after"):
         runner.stop_starting_after(0)
+
+
+def test_a_stop_file_touched_while_runs_train_starts_no_more_and_is_removed(tmp_path: Path, monkeypatch):
+    """`touch <out>/STOP` mid-command: the runs in flight finish, nothing else starts, the file is consumed so the
+    same command then continues the rest."""
+    stop = tmp_path / "STOP"
+    started: list[str] = []
+
+    def fake_run_one(overrides, rd):
+        if runner.is_finished(rd):
+            return 0.0
+        started.append(rd.name)
+        if len(started) == 2:
+            stop.touch()  # the user, while the second run trains
+        finish(rd, 0.0)
+        return 0.0
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    monkeypatch.setattr(runner, "_START_DEADLINE", None)
+    jobs = [(tmp_path / f"a-s{i}", []) for i in range(5)]
+    lines: list[str] = []
+    with pytest.raises(runner.StoppedStarting, match=r"as .*STOP asked \(now removed\): 3 of 5 runs not started"):
+        runner.run_jobs(jobs, 1, lines.append, stop_file=stop)
+    assert started == ["a-s0", "a-s1"] and not stop.exists()
+    assert lines[0] == f"to start no more runs (the runs in flight finish and are kept): touch {stop}"
+    assert runner.run_jobs(jobs, 1, lines.append, stop_file=stop) == []  # the same command continues
+    assert started == [f"a-s{i}" for i in range(5)]
+
+
+def test_a_stop_file_never_touched_changes_nothing_and_finished_runs_print_no_hint(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(runner, "run_one", lambda overrides, rd: finish(rd, 0.0) or 0.0)
+    monkeypatch.setattr(runner, "_START_DEADLINE", None)
+    jobs = [(tmp_path / f"a-s{i}", []) for i in range(3)]
+    lines: list[str] = []
+    assert runner.run_jobs(jobs, 2, lines.append, stop_file=tmp_path / "STOP") == []
+    assert all(runner.is_finished(rd) for rd, _ in jobs) and len(lines) == 4
+    lines.clear()
+    assert runner.run_jobs(jobs, 2, lines.append, stop_file=tmp_path / "STOP") == []
+    assert not any(line.startswith("to start no more runs") for line in lines)
