@@ -73,12 +73,12 @@ def scope_overrides(scope: str) -> list[str]:
 
 
 def test_every_preset_grid_belongs_to_an_experiment_and_a_method_and_keeps_the_budget():
-    """The calibrated detection preset declares DP-SGD's lr x C grids of its own (conf/tune/table_synthetic/), and
-    Adult (no preset) PUFFLE's and CurvFed's post hoc grids (conf/tune/adult/); each is what a tune of that scope
-    loads, has the budget and a header, and sets keys of the method's config."""
+    """The calibrated detection preset declares DP-SGD's lr x C grids and CurvFed's of its own
+    (conf/tune/table_synthetic/), and Adult (no preset) PUFFLE's and CurvFed's post hoc grids (conf/tune/adult/); each
+    is what a tune of that scope loads, has the budget and a header, and sets keys of the method's config."""
     s, presets = load_settings(), algorithm_presets()
-    assert {m for e, m in preset_grids() if e == "table_synthetic"} == {"fedavg_dp", "pfu_fl", "puffle",
-                                                                         "puffle_resfl"}
+    assert {m for e, m in preset_grids() if e == "table_synthetic"} == {"curvfed", "fedavg_dp", "pfu_fl",
+                                                                         "puffle", "puffle_resfl"}
     assert {m for e, m in preset_grids() if e == "adult"} == {"curvfed", "puffle"}
     for scope, method in preset_grids():
         path = conf_dir() / "tune" / scope / f"{method}.yaml"
