@@ -31,9 +31,9 @@ from resfl_lightning.resources import conf_dir
 from resfl_lightning.run_config.tuned import load_tuned, tuned_path
 
 SEEDS = [120, 121, 122]
-# a cheap constrained method with no shipped Adult tuned file (the tests of first-time tuning need one)
-UNTUNED = next(m for m in ("curvfed", "resfl_af_cluster", *algorithm_presets())
-               if not (conf_dir() / "tuned" / "adult" / f"{m}.yaml").is_file())
+# a cheap constrained method whose grid's trial 1 is lr x 1/3; the tests of first-time tuning start it from its preset
+# (use_tuned=false, a repository path that does not exist), whatever tuned files the repository ships
+UNTUNED = "resfl_af_cluster"
 
 
 def trial(index: int, utility: list[float | None], fairness: list[float | None] | None = None,
@@ -295,10 +295,11 @@ def test_no_file_when_the_preset_wins_without_one_or_runs_are_missing(tmp_path: 
                              "epsilon": None}
     preset.selection = select_trial([preset.trial_values(t) for t in range(3)], SEEDS)
     assert preset.selection.selected == 0
-    assert plan_tuned_file(preset, target, tuned_path("adult", UNTUNED), "c", "e.md", SEEDS) is None
+    shipped = tmp_path / "repository" / f"{UNTUNED}.yaml"  # none shipped
+    assert plan_tuned_file(preset, target, shipped, "c", "e.md", SEEDS) is None
     assert preset.outcome == "Trial 0 (the preset) selected and no tuned file existed: none written."
     missing = tuning(UNTUNED)
-    assert plan_tuned_file(missing, target, tuned_path("adult", UNTUNED), "c", "e.md", SEEDS) is None
+    assert plan_tuned_file(missing, target, shipped, "c", "e.md", SEEDS) is None
     assert "runs missing" in missing.outcome and not target.exists()
 
 
@@ -348,10 +349,13 @@ def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
     other = tmp_path / "other"
     other.mkdir()
     assert frozen_bases(other, "synthetic", ["resfl"], [*V1, "use_tuned=false"])["resfl"]["overrides"] == []
-    # the calibrated preset (the table preset, chosen when the user names none) has its own, untuned, folder
+    # the calibrated preset (the table preset, chosen when the user names none) has its own folder, never the first's
     calibrated = tmp_path / "calibrated"
     calibrated.mkdir()
-    assert frozen_bases(calibrated, "synthetic", ["resfl"], [])["resfl"] == {"file": None, "overrides": []}
+    own = conf_dir() / "tuned/table_synthetic/resfl.yaml"
+    expected = ({"file": "conf/tuned/table_synthetic/resfl.yaml", "overrides": list(load_tuned(own).overrides)}
+                if own.is_file() else {"file": None, "overrides": []})
+    assert frozen_bases(calibrated, "synthetic", ["resfl"], [])["resfl"] == expected
     assert frozen_bases(other, "synthetic", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
 
 
@@ -408,12 +412,13 @@ def test_tuning_seeds_that_a_table_or_the_frontier_uses_are_refused(tmp_path: Pa
 def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path):
     from resfl_lightning.cli.tune import main
 
-    # a method without a shipped Adult tuned file, so its trials start from the preset
-
+    # use_tuned=false: the trials start from the preset, not from the tuned file the repository ships
     out, results, tuned = tmp_path / "runs", tmp_path / "results" / "tune-adult-iid.md", tmp_path / "tuned"
+    shipped = conf_dir() / "tuned" / "adult" / f"{UNTUNED}.yaml"
+    before_shipped = shipped.read_text() if shipped.is_file() else None
     args = ["--dataset", "adult", "--methods", UNTUNED, "--trials", "2", "--seeds", "120", "--jobs", "1",
             "--out", str(out), "--results", str(results), "--tuned-dir", str(tuned), f"dataset.root={adult_dir}",
-            "federation.rounds=1"]
+            "federation.rounds=1", "use_tuned=false"]
     assert main(args) == 0
     for t in (0, 1):
         run = out / f"{UNTUNED}-t{t}-s120"
@@ -437,7 +442,7 @@ def test_tune_end_to_end_on_the_first_two_trials(adult_dir: Path, tmp_path: Path
     before = (out / f"{UNTUNED}-t0-s120" / "table_wall_s.json").read_text()
     assert main(args) == 0  # resumable: nothing is trained again, and the same file is written
     assert (out / f"{UNTUNED}-t0-s120" / "table_wall_s.json").read_text() == before
-    assert not (conf_dir() / "tuned" / "adult" / f"{UNTUNED}.yaml").exists()  # --tuned-dir: repository clean
+    assert (shipped.read_text() if shipped.is_file() else None) == before_shipped  # --tuned-dir: repository clean
 
 
 def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
