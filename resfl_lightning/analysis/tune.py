@@ -306,9 +306,11 @@ def plan_tuned_file(t: MethodTuning, target: Path, repository_file: Path, comman
     existing_path = next((p for p in (target, repository_file) if p.is_file()), None)
     existing = None if existing_path is None else yaml.safe_load(existing_path.read_text())
     i = t.selection.selected
-    merged = merged_tuned(existing, t.trials[i], command, evidence)
+    merged = merged_tuned(existing, t.trials[i], command, evidence, base=t.base["overrides"])
     if merged is None:
-        t.outcome = "Trial 0 (the preset) selected and no tuned file existed: none written."
+        t.outcome = ("Trial 0 (the preset) selected and no tuned file existed: none written." if existing is None else
+                     f"Trial 0 (the preset as written) selected, but the trials did not start from "
+                     f"{recorded_path(existing_path)}: it is left as it was, and is not what they selected.")
         return None
     grid = t.grid_file or f"tune/{t.method}.yaml"  # a preset's or dataset's own grid (conf/tune/<scope>/) named
     note = (f"# `resfl tune` (conf/table/tune.yaml, grid conf/{grid}, seeds {seeds}): trial {i}"

@@ -160,15 +160,19 @@ def select_trial(trials: Sequence[TrialValues], seeds: Sequence[int], max_increa
                      f"selected trial {chosen.index}: mean validation utility {best:.4f}{note}", reference)
 
 
-def merged_tuned(existing: dict | None, selected: Sequence[str], command: str, evidence: str) -> dict | None:
-    """The tuned file to write (conf/tuned/<dataset>/<method>.yaml): the existing file's overrides whose key the
-    selected trial does not set, then the trial's; selected_by and evidence extended, never replaced. None when no
-    file exists and the trial sets nothing (trial 0: the preset as written needs no file)."""
-    if existing is None and not selected:
-        return None
+def merged_tuned(existing: dict | None, selected: Sequence[str], command: str, evidence: str,
+                 base: Sequence[str] | None = None) -> dict | None:
+    """The tuned file to write (conf/tuned/<dataset>/<method>.yaml): the overrides the trials started from whose key
+    the selected trial does not set, then the trial's; selected_by and evidence extended, never replaced. `base`: the
+    overrides the trials started from (None: the existing file's, which a tune freezes as its base). So the file holds
+    what the selected trial trained with, also when the trials did not start from the file (use_tuned=false). None
+    when that is the preset as written (no override): a tuned file needs one."""
     old = existing or {"selected_by": "", "evidence": [], "overrides": []}
     keys = {override_key(o) for o in selected}
-    overrides = [o for o in old["overrides"] if override_key(o) not in keys] + list(selected)
+    start = old["overrides"] if base is None else list(base)
+    overrides = [o for o in start if override_key(o) not in keys] + list(selected)
+    if not overrides:
+        return None
     before = old["selected_by"]
     if isinstance(before, list):
         selected_by = before if command in before else [*before, command]

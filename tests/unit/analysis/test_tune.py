@@ -261,7 +261,7 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
     target = tmp_path / "tuned" / "adult" / "resfl.yaml"
     target.parent.mkdir(parents=True)
     target.write_text("# why the frontier chose phi\n" + yaml.safe_dump(ADULT_RESFL, sort_keys=False))
-    t = tuning()
+    t = tuning(base={"file": "conf/tuned/adult/resfl.yaml", "overrides": ADULT_RESFL["overrides"]})  # started from it
     t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
                         "epsilon": None}  # complete
     assert t.selection.selected == 2
@@ -276,6 +276,26 @@ def test_the_written_file_merges_keeps_its_comments_and_loads_as_resfl_train_loa
     assert "trial 2 (algorithm.lambda_fair=0.03)" in lines[1]
     assert yaml.safe_load(target.read_text())["evidence"][-1] == "docs/results/tune-adult-iid.md"
     assert "grid conf/tune/resfl.yaml" in lines[1]
+
+
+def test_the_written_file_holds_what_the_selected_trial_trained_with_when_the_trials_ignored_the_file(tmp_path: Path):
+    """use_tuned=false: the trials start from the preset (base: none), so the existing file's keys are not kept (they
+    were, making a file of a combination no run trained), and the preset winning leaves a file with no override."""
+    target = tmp_path / "resfl.yaml"
+    target.write_text(yaml.safe_dump(ADULT_RESFL, sort_keys=False))
+    t = tuning()  # base: none
+    t.values[1][122] = {"task": "classification", "utility": 0.5, "fairness": 0.1, "below_floor": None,
+                        "epsilon": None}
+    assert t.selection.selected == 2
+    text = plan_tuned_file(t, target, tmp_path / "none.yaml", "resfl tune x use_tuned=false", "e.md", SEEDS)
+    assert yaml.safe_load(text)["overrides"] == ["algorithm.lambda_fair=0.03"]
+    preset = tuning(selected_values=0.80)
+    preset.values[1][122] = t.values[1][122]
+    preset.selection = select_trial([preset.trial_values(i) for i in range(3)], SEEDS)
+    assert preset.selection.selected == 0
+    assert plan_tuned_file(preset, target, tmp_path / "none.yaml", "resfl tune x", "e.md", SEEDS) is None
+    assert "did not start from" in preset.outcome and "not what they selected" in preset.outcome
+    assert merged_tuned(ADULT_RESFL, [], "x", "e.md", base=["optim.lr=0.03"])["overrides"] == ["optim.lr=0.03"]
 
 
 def test_the_written_file_names_a_scopes_own_grid(tmp_path: Path):
