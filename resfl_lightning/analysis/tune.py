@@ -7,7 +7,8 @@ there.
 A method's tuning runs start from the tuned file it had when its tuning began (its "base"), frozen in OUT/bases.json:
 a file this command writes later must not turn its own finished runs into stale ones. Runs are trained by
 analysis/runner.py and resumable (a finished run is reused once its saved config is what its command composes to
-now). Writes OUT/tune.md, OUT/selection.json and the trial log RESULTS (docs/results/tune-<dataset>-<scenario>.md)."""
+now). Writes OUT/tune.md, OUT/selection.json and the trial log RESULTS
+(docs/results/tune-<dataset>-<scenario>[-<preset>].md)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,10 @@ from resfl_lightning.run_config.tuned import (
 
 # --- the runs -------------------------------------------------------------------------------------------------------
 def results_path(ctx: Context) -> Path:
-    """docs/results/tune-<dataset>-<scenario>[-<dataset.* override values>].md"""
-    return Path("docs") / "results" / (experiment_out("tune", ctx).name + ".md")
+    """docs/results/tune-<dataset>-<scenario>[-<dataset.* override values>][-<experiment preset>].md: the tune of one
+    preset never overwrites another's trial log (the calibrated detection preset's wrote over the first preset's)."""
+    preset = preset_experiment(ctx.dataset, ctx.overrides)
+    return Path("docs") / "results" / (experiment_out("tune", ctx).name + (f"-{preset}" if preset else "") + ".md")
 
 
 def run_dir_for(out: Path, method: str, trial: int, seed: int) -> Path:
@@ -367,7 +370,7 @@ def check_user_overrides(user: list[str], grids: dict[str, list[tuple[str, ...]]
 class Tune(Experiment):
     """The equal tuning budget of conf/table/tune.yaml (ctx.options: methods, seeds, trials, tuned_dir): every
     method's trials x tuning seeds (and the rule's reference presets), then tune.md, selection.json, the trial log
-    (published by default as docs/results/tune-<dataset>-<scenario>.md) and the tuned files it selects."""
+    (published by default as docs/results/tune-<dataset>-<scenario>[-<preset>].md) and the tuned files it selects."""
 
     writer = "resfl tune"
 

@@ -9,7 +9,7 @@ stated margin of the preset's (of FedAvg's where its preset did not learn); a DP
 The selected overrides go to conf/tuned/<dataset>/<method>.yaml (merged with a file already there; none is written
 when the preset itself wins), which `resfl train` then applies. Runs are resumable (OUT, default
 runs/tune-<dataset>-<scenario>); the trial log goes to OUT/tune.md and --results (default
-docs/results/tune-<dataset>-<scenario>.md) with its provenance."""
+docs/results/tune-<dataset>-<scenario>[-<preset>].md) with its provenance."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tuned-dir", type=Path, default=None,
                    help="write the tuned files into DIR/<dataset>/<method>.yaml instead of conf/tuned/")
     add_run_options(p, "default runs/tune-<dataset>-<scenario>[-<dataset.* overrides>]",
-                    "the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>].md)")
+                    "the trial log (default docs/results/tune-<dataset>-<scenario>[-<dataset.* overrides>]"
+                    "[-<preset>].md)")
     return parse(p, argv)
 
 

@@ -482,3 +482,15 @@ def test_a_dataset_can_declare_its_own_tuning_seeds(tmp_path: Path):
     one = tune_markdown("# t", shipped, [t], [123], "detection", [])
     assert 'One tuning seed (123): "learned on every tuning seed" is a single-seed check' in one
     assert "One tuning seed" not in tune_markdown("# t", shipped, [t], SEEDS, "detection", [])
+
+
+def test_the_default_trial_log_names_the_preset_so_two_presets_never_share_one():
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.tune import results_path
+
+    calibrated = results_path(Context("synthetic", "group_skew", []))
+    first = results_path(Context("synthetic", "group_skew", ["experiment=table_synthetic_v1"]))
+    assert calibrated == Path("docs/results/tune-synthetic-group_skew-table_synthetic.md")
+    assert first == Path("docs/results/tune-synthetic-group_skew-table_synthetic_v1.md")
+    assert results_path(Context("adult", "iid", ["dataset.sensitive=race"])) == Path(
+        "docs/results/tune-adult-iid-race.md")  # no table preset: as before

@@ -125,15 +125,22 @@ def test_a_bad_tuned_file_is_an_error_naming_it(tmp_path, content, match):
 
 
 def test_every_shipped_tuned_file_is_valid_and_names_existing_evidence():
+    from resfl_lightning.analysis.table import table_preset
+
     files = sorted((conf_dir() / "tuned").glob("*/*.yaml"))
     assert files, "conf/tuned/ holds no tuned file"
+    datasets = sorted(p.stem for p in (conf_dir() / "dataset").glob("*.yaml"))
     for path in files:
         tuned = load_tuned(path)
-        assert (conf_dir() / "dataset" / f"{path.parent.name}.yaml").is_file(), path
+        scope = path.parent.name  # a dataset, or the experiment preset a dataset's tables run (its own tune)
+        scoped = ([f"dataset={scope}"] if scope in datasets else
+                  [[f"dataset={d}", f"experiment={scope}"] for d in datasets
+                   if table_preset(d) == [f"experiment={scope}"]][0])
         assert (conf_dir() / "algorithm" / f"{path.stem}.yaml").is_file(), path
         for doc in yaml.safe_load(path.read_text())["evidence"]:
             assert (REPO / doc).is_file(), f"{path}: evidence {doc} does not exist"
-        assert composed_settings([f"dataset={path.parent.name}", f"algorithm={path.stem}"])["tuned_file"]
+        assert composed_settings([*scoped, f"algorithm={path.stem}"])["tuned_file"] == (
+            f"conf/tuned/{scope}/{path.stem}.yaml"), path
         assert tuned.overrides
 
 
