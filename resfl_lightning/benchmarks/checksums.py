@@ -1,6 +1,7 @@
 """Checksums of three small pinned runs' final global models: a fresh install of requirements.lock trains them bit
-for bit the same, so equal checksums on two clones (or two machines of the same platform) show the environment and
-the code reproduce a run exactly; a different checksum names the run that diverged.
+for bit the same, so equal checksums on two clones on one machine (or two machines with the same CPU model: another
+CPU's math kernels round differently, docs/design.md "Invariants") show the environment and the code reproduce a run
+exactly; a different checksum names the run that diverged.
 
     python -m resfl_lightning.benchmarks.checksums [--adult-root PATH] [--out DIR] [--runs NAME ...]
 
