@@ -217,15 +217,16 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         ledger.sync(jobs, report)  # runs finished on an earlier machine count as finished here
     finished = _finished_walls(jobs)[0]  # read once, then kept up to date in memory (scheduling, time left)
     settled: set[Path] = set(finished)
-    asked = [False]  # the stop file was seen: once asked, no run starts (removing the file does not resume)
+    asked = False  # the stop file was seen: once asked, no run starts (removing the file does not resume)
     if stop_file is not None and len(finished) < len(jobs):
         report(f"to start no more runs (the runs in flight finish and are kept): touch {stop_file}")
 
     def take() -> tuple[Path, list[str]] | None:
+        nonlocal asked
         with lock:
-            asked[0] = asked[0] or (stop_file is not None and stop_file.exists())
+            asked = asked or (stop_file is not None and stop_file.exists())
             # Past the deadline only finished runs are taken: they start nothing, only report (and reach the ledger).
-            past = asked[0] or (deadline is not None and time.monotonic() >= deadline)
+            past = asked or (deadline is not None and time.monotonic() >= deadline)
             names = {rd for rd, _ in waiting if not past or rd in finished}
             job = next((j for j in scheduled(jobs, finished) if j[0] in names), None)
             if job is not None:
@@ -261,10 +262,10 @@ def run_jobs(jobs: list[tuple[Path, list[str]]], workers: int,
         t.start()
     for t in threads:
         t.join()
-    if asked[0]:
+    if asked:
         stop_file.unlink(missing_ok=True)  # consumed: the next command in this folder starts its runs
     if waiting:
-        why = f"as {stop_file} asked (now removed)" if asked[0] else "at the --stop-starting-after deadline"
+        why = f"as {stop_file} asked (now removed)" if asked else "at the --stop-starting-after deadline"
         raise StoppedStarting(
             f"stopped starting runs {why}: {len(waiting)} of {len(jobs)} runs not "
             f"started ({len(failures)} failed); the same command continues them"
