@@ -372,10 +372,9 @@ def test_bases_are_frozen_when_a_method_is_first_tuned(tmp_path: Path):
     # the calibrated preset (the table preset, chosen when the user names none) has its own folder, never the first's
     calibrated = tmp_path / "calibrated"
     calibrated.mkdir()
-    own = conf_dir() / "tuned/table_synthetic/resfl.yaml"
-    expected = ({"file": "conf/tuned/table_synthetic/resfl.yaml", "overrides": list(load_tuned(own).overrides)}
-                if own.is_file() else {"file": None, "overrides": []})
-    assert frozen_bases(calibrated, "synthetic", ["resfl"], [])["resfl"] == expected
+    own = load_tuned(conf_dir() / "tuned/table_synthetic/resfl.yaml")
+    assert frozen_bases(calibrated, "synthetic", ["resfl"], [])["resfl"] == {
+        "file": "conf/tuned/table_synthetic/resfl.yaml", "overrides": list(own.overrides)}
     assert frozen_bases(other, "synthetic", ["resfl"], [])["resfl"]["overrides"] == []  # as first recorded there
 
 

@@ -197,12 +197,11 @@ def test_an_experiment_preset_with_its_own_folder_reads_only_that_folder(tmp_pat
 
 
 def test_the_calibrated_detection_preset_reads_its_own_tune_and_the_first_keeps_its_tune():
-    """experiment=table_synthetic has its own folder (conf/tuned/table_synthetic/, empty until its tune selected);
-    never the first preset's; the first preset keeps the synthetic tune."""
+    """experiment=table_synthetic reads its own folder (conf/tuned/table_synthetic/, its tune's selections), never the
+    first preset's; the first preset keeps the synthetic tune. (An empty own folder: the test above.)"""
     calibrated = composed_settings(["dataset=synthetic", "experiment=table_synthetic"])
-    own = conf_dir() / "tuned" / "table_synthetic" / "resfl.yaml"
-    assert calibrated["tuned_file"] == ("conf/tuned/table_synthetic/resfl.yaml" if own.is_file() else None)
-    if not own.is_file():
-        assert calibrated["optim"]["lr"] == 0.01
+    own = load_tuned(conf_dir() / "tuned" / "table_synthetic" / "resfl.yaml")
+    assert calibrated["tuned_file"] == "conf/tuned/table_synthetic/resfl.yaml"
+    assert f"optim.lr={calibrated['optim']['lr']}" in own.overrides
     first = composed_settings(["dataset=synthetic", "experiment=table_synthetic_v1"])
     assert first["tuned_file"] == "conf/tuned/synthetic/resfl.yaml" and first["optim"]["lr"] == 0.03
