@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.compare import compare_runs, run_privacy_score
 from resfl_lightning.analysis.run_data import load_run
+from resfl_lightning.attacks.mia_keys import AUDIT_PREFIX, audit_key
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.values import finite
 
@@ -172,8 +173,9 @@ class AttackedChange(AttackedRunColumn):
 
 @dataclass(frozen=True, kw_only=True)
 class AuditValue(AttackedRunColumn):
-    """A summary value (`summary_key`) of the method's membership-audit run of the same seed (trained with --audit:
-    analysis/table.py ATTACK_OVERRIDES["audit"]); empty without it."""
+    """A summary value (`summary_key`) of the method's membership audit of the same seed: its audit run (--audit:
+    analysis/table.py ATTACK_OVERRIDES["audit"]) or, with --audit-in-run, the privacy run's own audit beside its
+    shadow attack (the key's attack/mia_audit_* form); empty without either."""
 
     summary_key: str
     attack: str = "audit"
@@ -182,15 +184,23 @@ class AuditValue(AttackedRunColumn):
     def option(self) -> str | None:
         return "audit"
 
-    def value(self, runs: SeedRuns) -> float | None:
+    def source(self, runs: SeedRuns) -> tuple[dict, str] | None:
+        """(the summary that holds the audit, its key there), or None when this seed has no audit."""
         attacked = self.attacked_run(runs)
-        if attacked is None or self.summary_key not in attacked.summary:
+        if attacked is not None:
+            return attacked.summary, self.summary_key
+        in_run = runs.run.summary
+        return (in_run, audit_key(self.summary_key)) if any(k.startswith(AUDIT_PREFIX) for k in in_run) else None
+
+    def value(self, runs: SeedRuns) -> float | None:
+        found = self.source(runs)
+        if found is None or found[1] not in found[0]:
             return None
-        return finite(attacked.summary[self.summary_key])
+        return finite(found[0][found[1]])
 
     def why_missing(self, runs: SeedRuns) -> str:
-        attacked = self.attacked_run(runs)
-        return self.not_run() if attacked is None else missing_reason(attacked.summary, self.summary_key)
+        found = self.source(runs)
+        return self.not_run() if found is None else missing_reason(*found)
 
 
 @dataclass(frozen=True, kw_only=True)

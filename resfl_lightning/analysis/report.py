@@ -178,13 +178,14 @@ def plot_clients(run: RunData, path: Path) -> Path:
 
 def final_mia_scores(run: RunData) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(method, member scores, non-member scores) of the run's last reference-model MIA (attacks/privacy_round_*.json
-    written by attack.mia.method=lira | rmia), or None."""
+    written by attack.mia.method=lira | rmia, or by attack.mia.audit beside the shadow attack), or None."""
     import json
 
     for path in sorted((run.path / "attacks").glob("privacy_round_*.json"), reverse=True):
-        mia = json.loads(path.read_text()).get("mia", {})
-        if "scores" in mia:
-            return mia["method"], np.asarray(mia["scores"]["members"]), np.asarray(mia["scores"]["nonmembers"])
+        payload = json.loads(path.read_text())
+        for mia in (payload.get("mia", {}), payload.get("mia_audit", {})):
+            if "scores" in mia:
+                return mia["method"], np.asarray(mia["scores"]["members"]), np.asarray(mia["scores"]["nonmembers"])
     return None
 
 

@@ -121,16 +121,16 @@ MOVED_TARGETS = {
 }
 
 
-# Nor a key added after the run was saved, where the run behaved as the key's legacy value: a saved config without
-# the key matches a composed one only when the composed value is that legacy value (a run composed with another value
-# is another run). The synthetic benchmark's generator knobs exposed for the calibrated preset (docs/benchmark.md);
-# the group metrics' minimum group size and the CSV loader's merge of rare groups (issue 58: every group was kept);
-# the MIA's method, its reference-model knobs and the per-client audit (issue 56: every earlier run used the shadow
-# attack, which reads none); the calibrated Byzantine attacks' line-search budget and the adaptive kinds' margins
-# (issue 57: no earlier kind reads them); the defence fidelity options (issue 57 item 5: FLTrust's root steps,
-# centered clipping's worker momentum, FLAME's noise lambda), whose legacy values are the rules as they ran before;
-# the curvature term's refresh (issue 54: every earlier run computed it every step); resfl_robust's bound on a
-# reported SE (issue 57: every earlier checked run used the SE as reported).
+# Nor a key added after the run was saved, where the run behaved as the key's legacy value: a saved config without the
+# key matches a composed one only when the composed value is that legacy value (a run composed with another value is
+# another run). The synthetic benchmark's generator knobs exposed for the calibrated preset (docs/benchmark.md); the
+# group metrics' minimum group size and the CSV loader's merge of rare groups (issue 58: every group was kept); the
+# MIA's method, its reference-model knobs, the per-client audit and the audit beside the shadow attack (issue 56: every
+# earlier run used the shadow attack alone, which reads none); the calibrated Byzantine attacks' line-search budget and
+# the adaptive kinds' margins (issue 57: no earlier kind reads them); the defence fidelity options (issue 57 item 5:
+# FLTrust's root steps, centered clipping's worker momentum, FLAME's noise lambda), whose legacy values are the rules as
+# they ran before; the curvature term's refresh (issue 54: every earlier run computed it every step); resfl_robust's
+# bound on a reported SE (issue 57: every earlier checked run used the SE as reported).
 ADDED_KEYS: dict[str, Any] = {
     "dataset.dim_correlation": None, "dataset.background_correlation": None, "dataset.min_persons": 1,
     "dataset.max_persons": 4, "dataset.min_person_height": 0.15, "dataset.max_person_height": 0.6,
@@ -138,7 +138,8 @@ ADDED_KEYS: dict[str, Any] = {
     "dataset.dark_clothing_probability": None, "dataset.sleeveless_probability": None,
     "metrics.min_group_size": 1, "dataset.merge_groups_below": 0,
     "attack.mia.method": "shadow", "attack.mia.references": 4, "attack.mia.rmia_gamma": 1.0,
-    "attack.mia.rmia_offline_a": 1.0, "attack.mia.per_client": False, "attack.byzantine.search_evals": 16,
+    "attack.mia.rmia_offline_a": 1.0, "attack.mia.per_client": False, "attack.mia.audit": None,
+    "attack.byzantine.search_evals": 16,
     "attack.byzantine.trust_margin": 0.1, "attack.byzantine.report_margin": 0.5, "algorithm.curv_refresh": 1,
     "algorithm.curv_direction": "converged",
     "aggregation.root_steps": "root_split", "aggregation.worker_momentum": 0.0, "aggregation.noise_lambda": 0.0,

@@ -87,6 +87,9 @@ ATTACK_OVERRIDES = {
     "audit": ["attack=privacy", "attack.enabled=[mia]", "attack.mia.method=rmia", "attack.mia.rmia_offline_a=0.3",
               "attack.mia.per_client=true"],
 }
+# With --audit-in-run, the privacy run carries that audit beside its shadow attack (attack/mia_audit_*): its target
+# model is the one the audit run would train again, and its references the same (attacks/references.py).
+AUDIT_IN_RUN = ["attack.mia.audit=rmia", "attack.mia.rmia_offline_a=0.3", "attack.mia.per_client=true"]
 
 
 def table_preset(dataset: str, overrides: list[str] = ()) -> list[str]:
@@ -98,11 +101,19 @@ def table_preset(dataset: str, overrides: list[str] = ()) -> list[str]:
 
 
 def train_overrides(dataset: str, scenario: str, method: str, seed: int, run_dir: Path, attack: str,
-                    overrides: list[str]) -> list[str]:
+                    overrides: list[str], audit_in_run: bool = False) -> list[str]:
     """The Hydra overrides of one table run: the common ones, the method's, then the user's (which win)."""
+    audit = AUDIT_IN_RUN if audit_in_run and attack == "privacy" else []
     return [f"dataset={dataset}", f"scenario={scenario}", *table_preset(dataset, overrides), *method_overrides(method),
-            f"seed={seed}", *ATTACK_OVERRIDES.get(attack, [f"attack={attack}"]),
+            f"seed={seed}", *ATTACK_OVERRIDES.get(attack, [f"attack={attack}"]), *audit,
             f"run_dir={run_dir}", "logger=none", "progress=false", *overrides]
+
+
+def table_attacks(columns: list[Column], options: dict) -> list[str]:
+    """The runs of one (method, seed): the privacy run, then the attacked runs the columns of the chosen options
+    (--robustness, --audit) read; with --audit-in-run the audit has none (the privacy run carries it)."""
+    extra = (a for c in columns for a in c.attacks() if options.get(c.option))
+    return ["privacy", *dict.fromkeys(a for a in extra if not (a == "audit" and options.get("audit_in_run")))]
 
 
 def seed_runs(out: Path, method: str, seed: int, attacks: list[str]) -> SeedRuns:
@@ -410,7 +421,7 @@ class MethodTable(Experiment):
     """Every method (a preset of conf/algorithm/, or ctx.options `methods`) x seed, with the privacy attacks (and,
     with ctx.options `robustness` / `audit`, the attacked / audit runs the columns read), then table.md, table.csv and
     pareto.png (conf/table/: columns.yaml, statistics.yaml, claims.yaml). ctx.options: methods, seeds,
-    primary_seeds, robustness, audit, wandb."""
+    primary_seeds, robustness, audit, audit_in_run, wandb."""
 
     writer = "resfl table"
     # the mechanism lines read every per-round row, the columns compare's Hydra config
@@ -432,9 +443,8 @@ class MethodTable(Experiment):
         n_seeds, n_primary = table_seeds(ctx.dataset, ctx.options.get("seeds"), ctx.options.get("primary_seeds"),
                                          settings)
         columns = load_columns()
-        # a column's extra runs come with the option it names (--robustness, --audit)
-        attacks = ["privacy", *dict.fromkeys(a for c in columns for a in c.attacks() if ctx.options.get(c.option))]
-        return settings, claims, columns, method_seeds(methods, n_seeds, n_primary, settings), attacks, n_seeds
+        return (settings, claims, columns, method_seeds(methods, n_seeds, n_primary, settings),
+                table_attacks(columns, ctx.options), n_seeds)
 
     def default_out(self, ctx: Context) -> Path:
         return experiment_out("table", ctx)
@@ -443,7 +453,7 @@ class MethodTable(Experiment):
         *_, seed_sets, attacks, _ = self.setup(ctx)
         return [PlannedRun(run_dir_for(out, m, s, a).name,
                            train_overrides(ctx.dataset, ctx.scenario, m, s, run_dir_for(out, m, s, a), a,
-                                           ctx.overrides))
+                                           ctx.overrides, bool(ctx.options.get("audit_in_run"))))
                 for m, s, a in table_runs(seed_sets, attacks)]
 
     def report(self, ctx: Context, runs: Runs) -> Report:

@@ -5,7 +5,8 @@ non-members and held-back target non-members. A shadow client trained with the r
 gives labelled features; the attack (mia.fit_membership_attack) learns and sets its thresholds on them alone and is
 scored on the global model with target members drawn from real client training sets, as many as the held-back
 non-members. attack.mia.method = lira | rmia replaces the shadow by reference models on the shadow rows and scores
-the same target members and non-members per example (attacks/reference_mia.py). Representation AIA: neck features
+the same target members and non-members per example (attacks/reference_mia.py); attack.mia.audit = lira | rmia runs
+that beside the shadow attack on the same split, its keys attack/mia_audit_*. Representation AIA: neck features
 ROI-aligned at the global model's matched detections on the reserve images -> the class-balanced MLP probe (70/10/20
 inside the reserve) predicting the person's group.
 Privacy Score = (MIA balanced accuracy + AIA balanced accuracy) / 2 (the shadow MIA's: NaN under lira / rmia).
@@ -28,6 +29,7 @@ from resfl_lightning.attacks.mia import (
     evaluate_membership_attack,
     fit_membership_attack,
 )
+from resfl_lightning.attacks.mia_keys import audit_key
 from resfl_lightning.attacks.outputs import mia_features, representation_features
 from resfl_lightning.attacks.reference_mia import reference_membership_inference
 from resfl_lightning.attacks.references import ReferenceModels
@@ -78,7 +80,7 @@ def plan_privacy_attacks(federation: Any, seed: int, mia: MiaSettings | None,
         plan.members = sample_members(data, sizes["target_nonmembers"], plan.seed)
         if mia.method == "shadow":
             plan.shadow = ShadowModel(federation, plan.split.shadow_members, plan.seed)
-        else:  # the reference pool: the shadow rows, never a target member or held-back non-member
+        if mia.reference_method is not None:  # the pool: the shadow rows, never a target member or held-back non-member
             pool = np.concatenate([plan.split.shadow_members, plan.split.shadow_nonmembers])
             plan.references = ReferenceModels(federation, pool, mia.references, plan.seed)
     if aia is not None and hasattr(data, "source") and hasattr(data.source, "annotations"):
@@ -94,7 +96,7 @@ def membership_inference(plan: PrivacyPlan, federation: Any, model: Any, round_i
                          loader_for: LoaderFor) -> tuple[dict[str, float], dict[str, Any]]:
     """attack/mia_* metrics of the global model after round `round_idx`, and the details for the attack file."""
     if plan.mia.method != "shadow":
-        return reference_membership_inference(plan, federation, model, round_idx, loader_for)
+        return reference_membership_inference(plan, federation, model, round_idx, loader_for, plan.mia.method)
     t0 = time.perf_counter()
     fabric, tau, split = federation.fabric, plan.mia.score_threshold, plan.split
     shadow = plan.shadow.advance(round_idx + 1)
@@ -153,6 +155,10 @@ def privacy_attacks(plan: PrivacyPlan, federation: Any, model: Any, round_idx: i
     if plan.mia is not None:
         m, details["mia"] = membership_inference(plan, federation, model, round_idx, loader_for)
         metrics.update(m)
+        if plan.mia.audit is not None:
+            m, details["mia_audit"] = reference_membership_inference(plan, federation, model, round_idx, loader_for,
+                                                                     plan.mia.audit)
+            metrics.update({audit_key(k): v for k, v in m.items()})
     if plan.aia is not None:
         m, details["aia"] = attribute_inference(plan, federation, model, loader_for)
         metrics.update(m)

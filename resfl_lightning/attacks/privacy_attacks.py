@@ -16,6 +16,7 @@ from pathlib import Path
 
 from resfl_lightning.attacks.aia import used_ground_truth_fallback
 from resfl_lightning.attacks.base import Attack, AttackRun, attack_due, write_attack_file
+from resfl_lightning.attacks.mia_keys import AUDIT_PREFIX, MIA_PREFIX
 from resfl_lightning.attacks.privacy import PrivacyPlan, plan_privacy_attacks, privacy_attacks, weather_privacy_metrics
 from resfl_lightning.attacks.settings import AiaSettings, MiaSettings
 from resfl_lightning.evaluation.weather import ExtraMetrics
@@ -47,8 +48,9 @@ class PrivacyAttacks:
         results, details = privacy_attacks(self.plan, federation, model, round_idx)
         if self.aia is not None and "aia" in details:
             results.update(self._fallback_metrics(round_idx, details["aia"]))
-        if self.mia is not None and self.mia.per_client and "attack/mia_auc" in results:
-            results.update(peak_metrics(Path(federation.settings.run_dir), round_idx, results["attack/mia_auc"]))
+        prefix = AUDIT_PREFIX if self.mia is not None and self.mia.audit is not None else MIA_PREFIX
+        if self.mia is not None and self.mia.per_client and f"{prefix}auc" in results:
+            results.update(peak_metrics(Path(federation.settings.run_dir), round_idx, results[f"{prefix}auc"], prefix))
         metrics.update(results)
         write_attack_file(federation, f"privacy_round_{round_idx:04d}", {"metrics": results, **details})
 
@@ -86,16 +88,18 @@ def earlier_fallback_rounds(run_dir: Path, last_round: int) -> set[int]:
             if payload.get("metrics", {}).get("attack/aia_gt_box_fallback") == 1.0}
 
 
-def peak_metrics(run_dir: Path, round_idx: int, auc: float) -> dict[str, float]:
-    """attack/mia_peak_round and _auc: the attack round so far (the earlier ones from their files, which a resumed
-    run keeps) whose global MIA AUC is highest (attacks/client_audit.py::peak_round)."""
+def peak_metrics(run_dir: Path, round_idx: int, auc: float, prefix: str = MIA_PREFIX) -> dict[str, float]:
+    """<prefix>peak_round and _auc (prefix attack/mia_, or attack/mia_audit_ for the audit beside the shadow attack):
+    the attack round so far (the earlier ones from their files, which a resumed run keeps) whose global AUC of that
+    attack is highest (attacks/client_audit.py::peak_round)."""
     from resfl_lightning.attacks.client_audit import peak_round
 
+    key = f"{prefix}auc"
     earlier = earlier_attack_files(run_dir, round_idx - 1)
-    aucs = {r: p["metrics"]["attack/mia_auc"] for r, p in earlier.items() if "attack/mia_auc" in p.get("metrics", {})}
+    aucs = {r: p["metrics"][key] for r, p in earlier.items() if key in p.get("metrics", {})}
     aucs[round_idx] = auc
     peak = peak_round(aucs)
-    return {} if peak is None else {"attack/mia_peak_round": float(peak[0]), "attack/mia_peak_round_auc": peak[1]}
+    return {} if peak is None else {f"{prefix}peak_round": float(peak[0]), f"{prefix}peak_round_auc": peak[1]}
 
 
 class MembershipInference(Attack):

@@ -50,9 +50,10 @@ def client_leakage(plan: Any, federation: Any, member_scores: np.ndarray,
                      **{f"attack/mia_worst_client_{k}": float(worst[1][k]) for k in CLIENT_KEYS}}
 
 
-def reference_membership_inference(plan: Any, federation: Any, model: Any, round_idx: int,
-                                   loader_for: Any) -> tuple[dict[str, float], dict[str, Any]]:
-    """attack/mia_* metrics of the global model after round `round_idx` (lira / rmia), and the attack file's details."""
+def reference_membership_inference(plan: Any, federation: Any, model: Any, round_idx: int, loader_for: Any,
+                                   method: str) -> tuple[dict[str, float], dict[str, Any]]:
+    """attack/mia_* metrics of the global model after round `round_idx` under `method` (lira / rmia), and the attack
+    file's details."""
     t0 = time.perf_counter()
     mia, refs, fabric = plan.mia, plan.references, federation.fabric
     models = refs.advance(round_idx + 1)
@@ -65,15 +66,15 @@ def reference_membership_inference(plan: Any, federation: Any, model: Any, round
 
     candidates = np.concatenate([plan.members, plan.split.target_nonmembers])
     target, reference = confidences(candidates)
-    pop_target, pop_reference = confidences(refs.pool) if mia.method == "rmia" else (None, None)
-    scores = membership_scores(mia.method, target, reference, pop_target, pop_reference, mia.rmia_gamma,
+    pop_target, pop_reference = confidences(refs.pool) if method == "rmia" else (None, None)
+    scores = membership_scores(method, target, reference, pop_target, pop_reference, mia.rmia_gamma,
                                mia.rmia_offline_a)
     n = len(plan.members)
     members, nonmembers = scores[:n], scores[n:]
     result = reference_metrics(members, nonmembers)
     clients, worst = client_leakage(plan, federation, members, nonmembers) if mia.per_client else (None, {})
     details = {
-        "method": mia.method, "target": result, "references": len(models), "reference_rounds": refs.rounds_done,
+        "method": method, "target": result, "references": len(models), "reference_rounds": refs.rounds_done,
         "reference_train_sizes": [len(t) for t in refs.trained_on], "pool_size": len(refs.pool),
         "out_references_per_candidate": int(reference.shape[0]),
         "score_means": {"target_members": float(members.mean()), "target_nonmembers": float(nonmembers.mean())},

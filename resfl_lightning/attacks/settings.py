@@ -39,12 +39,18 @@ class MiaSettings:
     rmia_gamma: float = 1.0  # RMIA: LR(x, z) >= gamma counts z as dominated by x
     rmia_offline_a: float = 1.0  # RMIA's offline correction of p(x); 1: the plain mean over the references
     per_client: bool = False  # lira / rmia: also each client's own leakage and the round of peak leakage
+    audit: str | None = None  # lira | rmia beside the shadow attack, in the same run: keys attack/mia_audit_*
 
     def __post_init__(self) -> None:
-        if self.per_client and self.method == "shadow":
-            raise ConfigError("attack.mia.per_client: needs attack.mia.method=lira or rmia (per-example scores)")
         if self.method not in MIA_METHODS:
             raise ConfigError(f"attack.mia.method: must be one of {list(MIA_METHODS)}, got {self.method!r}")
+        if self.audit is not None and (self.audit not in MIA_METHODS[1:] or self.method != "shadow"):
+            raise ConfigError(f"attack.mia.audit: lira or rmia beside attack.mia.method=shadow (with method=lira / "
+                              f"rmia the run's MIA is already that audit), got audit={self.audit!r} with method="
+                              f"{self.method!r}")
+        if self.per_client and self.reference_method is None:
+            raise ConfigError("attack.mia.per_client: needs attack.mia.method=lira or rmia, or attack.mia.audit "
+                              "(per-example scores)")
         if self.references < 2 or self.references % 2:
             raise ConfigError(f"attack.mia.references: must be even and >= 2 (complementary pairs), got "
                               f"{self.references}")
@@ -57,6 +63,11 @@ class MiaSettings:
                               f"< 1 (the rest are target non-members), got {a}, {b}")
         if self.calibration not in ("sigmoid", "isotonic"):
             raise ConfigError(f"attack.mia.calibration: must be sigmoid or isotonic, got {self.calibration!r}")
+
+    @property
+    def reference_method(self) -> str | None:
+        """The run's reference-model attack (lira / rmia): the MIA itself, or the audit beside the shadow; None."""
+        return self.audit if self.method == "shadow" else self.method
 
 
 @dataclass

@@ -35,6 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--robustness", action="store_true", help="also run attack=byzantine and attack=poisoning")
     p.add_argument("--audit", action="store_true",
                    help="also run the membership audit with reference models (RMIA) per method and seed")
+    p.add_argument("--audit-in-run", action="store_true",
+                   help="--audit inside each privacy run (attack.mia.audit) instead of a run of its own: the same "
+                   "audit from one training per method and seed, not two")
     p.add_argument("--wandb", action="store_true", help="also log the table as a W&B Table (offline)")
     add_run_options(p, "default runs/table-<dataset>-<scenario>[-<dataset.* overrides>]",
                     "also write table.md here with its provenance (command, commit, date, machine, wall time)")
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     ctx = context(args, argv, "resfl table", methods=comma_list(args.methods), seeds=args.seeds,
-                  primary_seeds=args.primary_seeds, robustness=args.robustness, audit=args.audit, wandb=args.wandb)
+                  primary_seeds=args.primary_seeds, robustness=args.robustness, audit=args.audit or args.audit_in_run,
+                  audit_in_run=args.audit_in_run, wandb=args.wandb)
     out, _ = execute_or_exit(MethodTable(), ctx)
     print((out / "table.md").read_text())
     if args.results is not None:

@@ -137,6 +137,18 @@ def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path: Path, monk
     assert finished == ["fedavg-s0", "fedavg-s1", "resfl-s1"]  # every other run went on and finished
 
 
+def test_the_audit_in_run_flag_puts_the_audit_in_every_privacy_run(tmp_path: Path, monkeypatch):
+    from resfl_lightning.analysis import runner
+    from resfl_lightning.cli.table import main
+
+    launched = []
+    monkeypatch.setattr(runner, "_launch", lambda overrides, log: launched.append(list(overrides)) or 3)
+    with pytest.raises(SystemExit, match="2 of 2 runs failed"):
+        main(["--dataset", "adult", "--methods", "resfl", "--seeds", "1", "--audit-in-run", "--out",
+              str(tmp_path / "t")])
+    assert len(launched) == 2 and all("attack.mia.audit=rmia" in o for o in launched)
+
+
 def test_default_out_keeps_dataset_variants_apart():
     """One rule for every experiment's default folder (analysis/execute.py experiment_out)."""
     from resfl_lightning.analysis.execute import Context, experiment_out, registered
@@ -319,6 +331,33 @@ def test_audit_columns_read_the_audit_run_and_only_audit_adds_it(tmp_path: Path)
                                                         "audit": True}), tmp_path) if r.name == "resfl-s0-audit")
     mia = composed_settings(audit.overrides)["attack"]
     assert mia["enabled"] == ["mia"] and (mia["mia"]["method"], mia["mia"]["per_client"]) == ("rmia", True)
+
+
+def test_audit_in_run_plans_no_audit_run_and_the_columns_read_the_privacy_runs_audit(tmp_path: Path):
+    """--audit-in-run: the privacy run composes the same RMIA audit beside its shadow attack (attack.mia.audit, the
+    audit run's a and per_client), no -audit run is planned, and the TPR columns read attack/mia_audit_* of the
+    privacy run (not its shadow-threshold TPR); a privacy run without the audit keys leaves the columns empty."""
+    from resfl_lightning.analysis.columns import load_columns
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.run_settings import composed_settings
+    from resfl_lightning.analysis.table import MethodTable, seed_metrics
+
+    options = {"methods": ["resfl"], "seeds": 1, "primary_seeds": 1, "audit": True, "audit_in_run": True}
+    planned = MethodTable().plan(Context("adult", "iid", ["dataset.root=/x"], 1, options=options), tmp_path)
+    assert sorted(r.name for r in planned) == ["fedavg-s0", "resfl-s0"]
+    mia = composed_settings(next(r for r in planned if r.name == "resfl-s0").overrides)["attack"]
+    assert mia["enabled"] == ["mia", "aia", "eod"]
+    assert (mia["mia"]["method"], mia["mia"]["audit"], mia["mia"]["per_client"], mia["mia"]["rmia_offline_a"]) == (
+        "shadow", "rmia", True, 0.3)
+
+    _write_run(tmp_path / "resfl-s0", {"test/accuracy": 0.84, "attack/mia_tpr_at_fpr_1": 0.5,
+                                       "attack/mia_audit_tpr_at_fpr_0.1": 0.002,
+                                       "attack/mia_audit_tpr_at_fpr_1": 0.03}, 12.5)
+    _write_run(tmp_path / "fedavg-s0", {"test/accuracy": 0.84, "attack/mia_tpr_at_fpr_1": 0.5}, 12.0)
+    columns = load_columns()
+    row = seed_metrics(tmp_path, "resfl", 0, columns, ["privacy"])
+    assert (row["audit_tpr_at_fpr_0.1"], row["audit_tpr_at_fpr_1"]) == (0.002, 0.03)
+    assert seed_metrics(tmp_path, "fedavg", 0, columns, ["privacy"])["audit_tpr_at_fpr_1"] is None
 
 
 def test_a_column_is_one_yaml_entry_and_a_bad_one_names_its_place(tmp_path: Path):

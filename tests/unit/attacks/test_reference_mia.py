@@ -167,3 +167,37 @@ def test_an_overfit_model_is_caught_at_low_fpr(method, tmp_path):
     assert metrics["attack/mia_n_nonmembers"] >= 150  # 1 % FPR: at most one false positive
     assert metrics["attack/mia_tpr_at_fpr_1"] >= 5 * 0.01
     assert metrics["attack/mia_auc"] > 0.75
+
+
+def test_audit_settings_are_checked():
+    assert MiaSettings(audit="rmia", per_client=True).reference_method == "rmia"
+    assert MiaSettings().reference_method is None and MiaSettings(method="lira").reference_method == "lira"
+    with pytest.raises(ConfigError, match="attack.mia.audit"):
+        MiaSettings(audit="shadow")
+    with pytest.raises(ConfigError, match="attack.mia.audit"):
+        MiaSettings(method="rmia", audit="lira")
+
+
+def test_the_audit_beside_the_shadow_attack_is_each_attack_alone(tmp_path):
+    """attack.mia.audit=rmia in one run gives the shadow attack's keys of a shadow-only run and, as attack/mia_audit_*,
+    the keys of an rmia-only run on the same model, to the bit: the shadow and the references train in isolated RNG
+    streams of their own, on the same split. The worst client and peak round come from the audit's scores."""
+    from resfl_lightning.attacks.mia_keys import audit_key
+
+    rounds = 2
+    runs = {}
+    for name, mia in {"shadow": {}, "rmia": {"method": "rmia", "references": 2, "per_client": True},
+                      "both": {"audit": "rmia", "references": 2, "per_client": True}}.items():
+        fed = federation(300, 8, rounds, tmp_path / name, hidden=(16, 8))
+        model, _ = centralised_model(fed, rounds)
+        runs[name] = attack(fed, model, rounds, **mia)
+    both = runs["both"]
+    shadow_keys = {k: v for k, v in runs["shadow"].items() if not k.endswith("_time")}
+    assert shadow_keys and {k: both[k] for k in shadow_keys} == shadow_keys
+    audit = {audit_key(k): v for k, v in runs["rmia"].items() if not k.endswith("_time")}
+    assert {"attack/mia_audit_auc", "attack/mia_audit_tpr_at_fpr_1", "attack/mia_audit_worst_client",
+            "attack/mia_audit_peak_round"} <= set(audit)
+    assert {k: both[k] for k in audit} == audit
+    assert not any(k.startswith("attack/mia_worst_client") or k.startswith("attack/mia_peak") for k in both)
+    written = (tmp_path / "both" / "attacks" / f"privacy_round_{rounds - 1:04d}.json").read_text()
+    assert '"mia_audit"' in written and '"method": "rmia"' in written
