@@ -144,10 +144,12 @@ def attribute_inference(plan: PrivacyPlan, federation: Any, model: Any,
 
 
 def privacy_attacks(plan: PrivacyPlan, federation: Any, model: Any, round_idx: int,
-                    loader_for: LoaderFor | None = None) -> tuple[dict[str, float], dict[str, Any]]:
-    """Every planned attack on the global model: (attack/* metrics, {"round", "mia", "aia"} details).
+                    loader_for: LoaderFor | None = None,
+                    audit: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+    """Every planned attack on the global model: (attack/* metrics, {"round", "mia", "mia_audit", "aia"} details).
 
-    `loader_for` defaults to the data's evaluation loader; the weather evaluation passes corrupted-image loaders.
+    `loader_for` defaults to the data's evaluation loader; the weather evaluation passes corrupted-image loaders and
+    audit=False (its rows have no audit column).
     """
     loader_for = loader_for or base_data(federation.data).loader_for
     metrics: dict[str, float] = {}
@@ -155,7 +157,7 @@ def privacy_attacks(plan: PrivacyPlan, federation: Any, model: Any, round_idx: i
     if plan.mia is not None:
         m, details["mia"] = membership_inference(plan, federation, model, round_idx, loader_for)
         metrics.update(m)
-        if plan.mia.audit is not None:
+        if audit and plan.mia.audit is not None:
             m, details["mia_audit"] = reference_membership_inference(plan, federation, model, round_idx, loader_for,
                                                                      plan.mia.audit)
             metrics.update({audit_key(k): v for k, v in m.items()})
@@ -184,6 +186,6 @@ def weather_privacy_metrics(plan: PrivacyPlan, federation: Any, model: Any, roun
         def loader_for(indices: np.ndarray) -> Any:
             return weather_loader(data, indices, condition, intensity, seed)
 
-        return condition_row(privacy_attacks(plan, federation, model, round_idx, loader_for)[0])
+        return condition_row(privacy_attacks(plan, federation, model, round_idx, loader_for, audit=False)[0])
 
     return metrics

@@ -201,3 +201,10 @@ def test_the_audit_beside_the_shadow_attack_is_each_attack_alone(tmp_path):
     assert not any(k.startswith("attack/mia_worst_client") or k.startswith("attack/mia_peak") for k in both)
     written = (tmp_path / "both" / "attacks" / f"privacy_round_{rounds - 1:04d}.json").read_text()
     assert '"mia_audit"' in written and '"method": "rmia"' in written
+    # the weather rows (audit=False) score the shadow attack alone: no reference model is evaluated for them
+    from resfl_lightning.attacks.privacy import privacy_attacks
+
+    plan = plan_privacy_attacks(fed, 0, MiaSettings(audit="rmia", references=2), None)
+    metrics, details = privacy_attacks(plan, fed, model, rounds - 1, audit=False)
+    assert "mia_audit" not in details and not any(k.startswith("attack/mia_audit_") for k in metrics)
+    assert {k: metrics[k] for k in shadow_keys} == shadow_keys and plan.references.rounds_done == 0
