@@ -98,6 +98,27 @@ def test_table_runs_methods_over_seeds_and_writes_outputs(adult_dir: Path, tmp_p
     assert (out / "resfl-s1" / "table_wall_s.json").read_text() == before
 
 
+@pytest.mark.slow
+def test_the_audit_in_run_gives_the_audit_runs_columns(adult_dir: Path, tmp_path: Path):
+    """The same table with --audit (an audit run per method and seed) and --audit-in-run (the audit inside the privacy
+    run): every column of table.csv is equal, the audit columns included, from half the runs."""
+    from resfl_lightning.cli.table import main
+
+    common = ["--dataset", "adult", "--methods", "resfl", "--seeds", "1", "--primary-seeds", "1",
+              f"dataset.root={adult_dir}", "federation.rounds=2"]
+    tables = {}
+    for flag in ("--audit", "--audit-in-run"):
+        out = tmp_path / flag.strip("-")
+        assert main([*common[:-2], flag, "--out", str(out), *common[-2:]]) == 0
+        tables[flag] = {(r["method"], r["metric"]): r["mean"] for r in csv.DictReader((out / "table.csv").open())
+                        if r["metric"] != "wall_s"}
+        runs = sorted(p.name for p in out.iterdir() if (p / "summary.json").is_file())
+        assert runs == (["fedavg-s0", "fedavg-s0-audit", "resfl-s0", "resfl-s0-audit"] if flag == "--audit"
+                        else ["fedavg-s0", "resfl-s0"])
+    assert tables["--audit"][("resfl", "audit_tpr_at_fpr_1")] not in ("", "nan")
+    assert tables["--audit"] == tables["--audit-in-run"]
+
+
 def test_settings_diff_names_every_changed_added_and_missing_leaf():
     from resfl_lightning.analysis.run_settings import settings_diff
 
