@@ -41,6 +41,7 @@ class CurveGrid:
     confidence: float
     text: str  # the file as written (quoted in dp-curve.md)
     source: str  # where it was read, repository-relative where it can be (named in dp-curve.md)
+    method_overrides: tuple[str, ...] = ()  # given to every DP method's run (not the ablations), before its epsilon
 
 
 def _epsilon(value, where: str) -> float:
@@ -92,12 +93,20 @@ def load_grid(path: Path | None = None) -> CurveGrid:
     confidence = raw["confidence"]
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise ExperimentError(f"{path}: confidence: expected a number in (0, 1), got {confidence!r}")
+    shared = raw.get("method_overrides") or []
+    if not isinstance(shared, list) or not all(isinstance(o, str) and "=" in o for o in shared):
+        raise ExperimentError(f"{path}: method_overrides: expected a list of key=value overrides, got {shared!r}")
+    if any(o.split("=", 1)[0].strip() in EPSILON_KEYS for o in shared):
+        raise ExperimentError(f"{path}: method_overrides: the epsilon grid sets {', '.join(EPSILON_KEYS)}")
     return CurveGrid(list(methods), eps, {str(k): list(v) for k, v in ablations.items()}, list(seeds), attack,
-                     float(confidence), path.read_text(), recorded_path(path))
+                     float(confidence), path.read_text(), recorded_path(path), tuple(shared))
 
 
 def epsilon_text(eps: float) -> str:
     return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+EPSILON_KEYS = ("algorithm.dp.target_epsilon", "algorithm.dp.noise_multiplier")
 
 
 def epsilon_overrides(eps: float) -> list[str]:
@@ -126,7 +135,7 @@ class CurvePoint:
     def overrides(self, grid: CurveGrid) -> list[str]:
         if self.epsilon is None:
             return list(grid.ablations[self.name])
-        return [f"algorithm={self.name}", *epsilon_overrides(self.epsilon)]
+        return [f"algorithm={self.name}", *grid.method_overrides, *epsilon_overrides(self.epsilon)]
 
 
 def curve_points(grid: CurveGrid) -> list[CurvePoint]:

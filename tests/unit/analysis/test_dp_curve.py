@@ -221,3 +221,27 @@ def test_where_each_method_starts_to_learn(tmp_path: Path):
     text = curve_markdown(grid, "t", rows, "detection", [])
     assert "- puffle: learns from ε = 8 on" in text and "| learned |" in text
     assert dp_curve.learns_from(grid, rows[:4], "fedavg_dp").endswith("not decidable (a target ε has no finished run)")
+
+
+def test_the_calibrated_grid_runs_every_dp_method_at_one_declared_step():
+    """conf/table/dp_curve_calibrated.yaml: the four DP rows at PFU-FL's tuned C and lr (method_overrides), epsilon
+    after them; the ablations keep their own settings."""
+    grid = load_grid(Path(__file__).resolve().parents[3] / "conf" / "table" / "dp_curve_calibrated.yaml")
+    assert grid.methods == ["fedavg_dp", "puffle", "pfu_fl", "puffle_resfl"] and len(curve_points(grid)) == 4 * 5 + 2
+    for method in grid.methods:
+        cfg = compose_config(*CurvePoint(method, 1.0).overrides(grid), "experiment=table_synthetic", "use_tuned=false",
+                             "logger=none")
+        assert (cfg.algorithm.dp.max_grad_norm, cfg.optim.lr, cfg.algorithm.dp.target_epsilon) == (0.1, 3.0, 1.0)
+    gn = compose_config(*CurvePoint("fedavg_gn").overrides(grid), "experiment=table_synthetic", "use_tuned=false",
+                        "logger=none")
+    assert gn.optim.lr == 0.01 and gn.algorithm.dp.enabled is False
+
+
+def test_method_overrides_may_not_set_the_epsilon(tmp_path: Path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(GOOD + "method_overrides: [algorithm.dp.noise_multiplier=1.0]\n")
+    with pytest.raises(ExperimentError, match="method_overrides: the epsilon grid sets"):
+        load_grid(path)
+    path.write_text(GOOD + "method_overrides: [optim.lr]\n")
+    with pytest.raises(ExperimentError, match="method_overrides: expected a list of key=value"):
+        load_grid(path)
