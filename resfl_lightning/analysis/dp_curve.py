@@ -106,14 +106,15 @@ def epsilon_text(eps: float) -> str:
     return "inf" if math.isinf(eps) else f"{eps:g}"
 
 
-EPSILON_KEYS = ("algorithm.dp.target_epsilon", "algorithm.dp.noise_multiplier")
+EPSILON_KEYS = ("algorithm.dp.target_epsilon", "algorithm.dp.noise_multiplier")  # what epsilon_overrides sets
 
 
 def epsilon_overrides(eps: float) -> list[str]:
     """A run-level target epsilon; inf = clipping only (noise multiplier 0: no finite epsilon)."""
+    target, noise = EPSILON_KEYS
     if math.isinf(eps):
-        return ["algorithm.dp.target_epsilon=null", "algorithm.dp.noise_multiplier=0.0"]
-    return [f"algorithm.dp.target_epsilon={eps!r}", "algorithm.dp.noise_multiplier=null"]
+        return [f"{target}=null", f"{noise}=0.0"]
+    return [f"{target}={eps!r}", f"{noise}=null"]
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,11 @@ class PrivacyAttacks:
         results, details = privacy_attacks(self.plan, federation, model, round_idx)
         if self.aia is not None and "aia" in details:
             results.update(self._fallback_metrics(round_idx, details["aia"]))
-        prefix = AUDIT_PREFIX if self.mia is not None and self.mia.audit is not None else MIA_PREFIX
-        if self.mia is not None and self.mia.per_client and f"{prefix}auc" in results:
-            results.update(peak_metrics(Path(federation.settings.run_dir), round_idx, results[f"{prefix}auc"], prefix))
+        if self.mia is not None and self.mia.per_client:  # the per-client scores' attack: the audit's, if one runs
+            prefix = MIA_PREFIX if self.mia.audit is None else AUDIT_PREFIX
+            if f"{prefix}auc" in results:
+                results.update(peak_metrics(Path(federation.settings.run_dir), round_idx, results[f"{prefix}auc"],
+                                            prefix))
         metrics.update(results)
         write_attack_file(federation, f"privacy_round_{round_idx:04d}", {"metrics": results, **details})
 
