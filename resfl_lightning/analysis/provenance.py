@@ -6,6 +6,7 @@ import datetime
 from pathlib import Path
 
 from resfl_lightning.analysis.checkout import git_commit, lock_hash, machine
+from resfl_lightning.analysis.run_time_parts import time_parts_line
 
 
 def run_commits_line(run_dirs: list[Path]) -> str | None:
@@ -30,10 +31,11 @@ def provenance_lines(command: str, wall_s: float, runs_wall_s: float | None = No
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"- packages: requirements.lock {lock_hash()} (the versions `make install` installs)",
              f"- machine: {machine()}", f"- wall time: {wall_s:.0f} s{runs}"]
+    parts = time_parts_line(run_dirs) if run_dirs else None
     trained = run_commits_line(run_dirs) if run_dirs else None
     ledger = run_ledger.active()
     carried = ledger.provenance() if ledger is not None else None
-    return lines + [line for line in (trained, carried) if line]
+    return lines + [line for line in (parts, trained, carried) if line]
 
 
 def write_results(path: Path, body: str, command: str, wall_s: float, runs_wall_s: float | None = None,
