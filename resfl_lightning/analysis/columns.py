@@ -52,8 +52,10 @@ def missing_reason(summary: dict, key: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class Column:
     """A column: its header, the name of its values in table.csv (`key`; for this class also the summary.json key
-    it reads), which direction is better, whether its paired difference to the baseline is reported, decimals, and
-    whether it is a fairness / privacy value that a run below the utility floor leaves uncompared (`gated`)."""
+    it reads), which direction is better, whether its paired difference to the baseline is reported, decimals,
+    whether it is a fairness / privacy value that a run below the utility floor leaves uncompared (`gated`), and
+    whether it is a group rate at the operating threshold that a run with TPR 0 in every group leaves uncompared
+    (`threshold_rates`: ΔEOP and EOD are then 0 - 0, metrics/statistics.py::no_positive_at_threshold)."""
 
     header: str
     key: str
@@ -61,6 +63,7 @@ class Column:
     paired: bool = True
     decimals: int = 3
     gated: bool = False
+    threshold_rates: bool = False
 
     def value(self, runs: SeedRuns) -> float | None:
         summary = runs.run.summary

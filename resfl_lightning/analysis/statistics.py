@@ -135,6 +135,7 @@ class SeedRecord:
     reasons: dict[str, str] = field(default_factory=dict)
     failed: str | None = None
     floor: str | None = None
+    no_positive: str | None = None  # every group's TPR 0 at the threshold (its threshold_rates columns say nothing)
     fate_inputs: tuple[float | None, float | None] = (None, None)
     aia_fallback: bool = False
     groups_excluded: dict[str, int] = field(default_factory=dict)  # test groups below metrics.min_group_size
@@ -144,10 +145,20 @@ def failed_record(message: str) -> SeedRecord:
     return SeedRecord(failed=message)
 
 
-def compared(records: dict[int, SeedRecord], key: str, gated: bool) -> dict[int, float]:
-    """seed -> value of the seeds whose run finished, has a finite value and (for a gated column) learned."""
-    return {s: r.values[key] for s, r in records.items()
-            if r.failed is None and r.values.get(key) is not None and not (gated and r.floor is not None)}
+def left_out(record: SeedRecord, column) -> str | None:
+    """Why a finished run's value of `column` is not compared: "did not learn" (a gated column, below the utility
+    floor) or "nothing detected" (a threshold_rates column, TPR 0 in every group); None when it is compared."""
+    if column.gated and record.floor is not None:
+        return "did not learn"
+    if getattr(column, "threshold_rates", False) and record.no_positive is not None:
+        return "nothing detected"
+    return None
+
+
+def compared(records: dict[int, SeedRecord], column) -> dict[int, float]:
+    """seed -> value of the seeds whose run finished, has a finite value and is not left out (left_out)."""
+    return {s: r.values[column.key] for s, r in records.items()
+            if r.failed is None and r.values.get(column.key) is not None and left_out(r, column) is None}
 
 
 @dataclass
@@ -157,9 +168,10 @@ class Cell:
     interval: Interval  # over the compared seeds
     planned: int  # seeds the method was run on
     failed: int
-    not_learned: int  # seeds left out by the utility floor (gated columns)
+    not_learned: int  # seeds left out by the utility floor (gated columns) or for TPR 0 (threshold_rates columns)
     reason: str | None  # why seeds have no value (the most common reason), None when every seed has one
-    greyed: Interval | None = None  # the values of runs below the floor, when no learned run has one
+    greyed: Interval | None = None  # the values of the left-out runs, when no compared run has one
+    greyed_why: str = "did not learn"  # why they are left out (left_out: the reason of most of them)
     diff: Interval | None = None  # paired difference to the baseline
     family: str | None = None  # "primary" (Holm) or "exploratory" (BH) for a tested difference
     p_adjusted: float = math.nan
@@ -167,19 +179,21 @@ class Cell:
     fate: RatioInterval | None = None
 
 
-def _cell(records: dict[int, SeedRecord], key: str, gated: bool, confidence: float) -> Cell:
-    values = compared(records, key, gated)
+def _cell(records: dict[int, SeedRecord], column, confidence: float) -> Cell:
+    key = column.key
+    values = compared(records, column)
     failed = sum(r.failed is not None for r in records.values())
-    below = [s for s, r in records.items() if r.failed is None and gated and r.floor is not None]
-    reasons = Counter(r.reasons.get(key, "no value") for s, r in records.items()
-                      if r.failed is None and s not in below and r.values.get(key) is None)
+    below = {s: why for s, r in records.items() if r.failed is None and (why := left_out(r, column)) is not None}
+    reasons = Counter(below.get(s) or r.reasons.get(key, "no value") for s, r in records.items()
+                      if r.failed is None and r.values.get(key) is None)
     greyed = None
     if not values and below:
         grey = [records[s].values.get(key) for s in below]
         if any(v is not None for v in grey):
             greyed = Interval.of(t_test(grey, confidence))
+    why = Counter(below.values()).most_common(1)[0][0] if below else "did not learn"
     return Cell(Interval.of(t_test(list(values.values()), confidence)), len(records), failed, len(below),
-                reasons.most_common(1)[0][0] if reasons else None, greyed)
+                reasons.most_common(1)[0][0] if reasons else None, greyed, greyed_why=why)
 
 
 def summarise(records: dict[str, dict[int, SeedRecord]], columns: list, settings: StatisticsSettings,
@@ -191,10 +205,9 @@ def summarise(records: dict[str, dict[int, SeedRecord]], columns: list, settings
     for method, seeds in records.items():
         cells = {}
         for c in columns:
-            cell = _cell(seeds, c.key, c.gated, settings.confidence)
+            cell = _cell(seeds, c, settings.confidence)
             if method != settings.baseline and c.paired:
-                cell.diff = Interval.of(paired_t(compared(seeds, c.key, c.gated), compared(base, c.key, c.gated),
-                                                 settings.confidence))
+                cell.diff = Interval.of(paired_t(compared(seeds, c), compared(base, c), settings.confidence))
             if isinstance(c, Fate) and method != settings.baseline:
                 cell.fate = fate_of(seeds, base, c.lambda_f, settings.confidence)
             cells[c.key] = cell
@@ -205,9 +218,11 @@ def summarise(records: dict[str, dict[int, SeedRecord]], columns: list, settings
 
 def fate_of(method: dict[int, SeedRecord], base: dict[int, SeedRecord], lambda_f: float,
             confidence: float) -> RatioInterval:
-    """FATE over the seeds where both runs finished and learned (a run below the floor has no meaningful EO)."""
+    """FATE over the seeds where both runs finished, learned and detected something at the threshold (a run below
+    the floor, or with TPR 0 in every group, has no meaningful EO)."""
     def inputs(records, i):
-        return {s: r.fate_inputs[i] for s, r in records.items() if r.failed is None and r.floor is None}
+        return {s: r.fate_inputs[i] for s, r in records.items()
+                if r.failed is None and r.floor is None and r.no_positive is None}
 
     return fate_over_seeds(inputs(method, 0), inputs(base, 0), inputs(method, 1), inputs(base, 1), lambda_f,
                            confidence)
@@ -299,9 +314,8 @@ def judge_claim(claim: Claim, records: dict[str, dict[int, SeedRecord]], cells: 
         if v == "not detected" and fate.se > 0:
             text += f"; {_seeds_text(fate.value / (fate.se * math.sqrt(fate.n)), settings)} would decide"
         return ClaimResult(claim, v, text)
-    gated = by_key[claim.column].gated
-    a = compared(records[claim.method], claim.column, gated)
-    b = compared(records.get(settings.baseline, {}), claim.column, gated)
+    a = compared(records[claim.method], by_key[claim.column])
+    b = compared(records.get(settings.baseline, {}), by_key[claim.column])
     diff = paired_t(a, b, settings.confidence)
     if diff.n < 2:
         why = cells[claim.method][claim.column].reason

@@ -43,7 +43,7 @@ from resfl_lightning.analysis.statistics import (
 )
 from resfl_lightning.metrics.intervals import Interval, interval_text
 from resfl_lightning.metrics.mechanism import run_mechanism
-from resfl_lightning.metrics.statistics import below_utility_floor
+from resfl_lightning.metrics.statistics import below_utility_floor, no_positive_at_threshold
 from resfl_lightning.resources import conf_dir
 
 BASELINE = "fedavg"  # every paired difference and FATE is taken against this method's run of the same seed
@@ -147,6 +147,7 @@ def seed_record(out: Path, method: str, seed: int, columns: list[Column], attack
             record.fate_inputs = c.inputs(runs)
     summary = runs.run.summary
     record.floor = below_utility_floor(summary, settings.map50_floor)
+    record.no_positive = no_positive_at_threshold(summary)
     record.aia_fallback = summary.get("attack/aia_gt_box_fallback") == 1.0
     record.groups_excluded = dict(summary.get("test/groups_excluded") or {})
     return record
@@ -164,7 +165,7 @@ def cell_text(cell: Cell, column: Column) -> str:
         return fate_text(cell)
     if cell.interval.n == 0:
         if cell.greyed is not None:
-            return f"({cell.greyed.fmt(column.decimals)}) did not learn"
+            return f"({cell.greyed.fmt(column.decimals)}) {cell.greyed_why}"
         if cell.failed == cell.planned:
             return "failed"
         return f"n/a ({cell.reason or 'no value'})"
@@ -177,7 +178,8 @@ def fate_text(cell: Cell) -> str:
     if fate is None:
         return "—"  # the baseline against itself
     if fate.n == 0:
-        return "n/a (no common seed where both runs learned)"
+        also = "" if cell.greyed_why == "did not learn" else " and detected something"
+        return f"n/a (no common seed where both runs learned{also})"
     if math.isnan(fate.value):
         return "n/a (the baseline's mean EO or utility is 0)"
     if fate.n < 2:
@@ -199,7 +201,8 @@ def difference_text(cell: Cell) -> str:
     return f"**{text}**" if cell.survives else text
 
 
-def legend_lines(cells: dict[str, dict[str, Cell]], columns: list[Column], settings: StatisticsSettings) -> list[str]:
+def legend_lines(cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, SeedRecord]],
+                 columns: list[Column], settings: StatisticsSettings) -> list[str]:
     sizes = family_sizes(cells)
     tested = {k for k, cell in cells.get(settings.primary_method, {}).items() if cell.family == "primary"}
     primary = [c.header for c in columns if c.key in settings.primary_columns and (c.key in tested or not tested)]
@@ -213,7 +216,20 @@ def legend_lines(cells: dict[str, dict[str, Cell]], columns: list[Column], setti
             f"family ({settings.primary_method} − {settings.baseline} on {', '.join(primary)}: "
             f"{sizes.get('primary', 0)} tests), Benjamini–Hochberg over every other paired cell (exploratory: "
             f"{sizes.get('exploratory', 0)} tests). FATE (CurvFed, at its printed 10× scale) is a ratio of means "
-            f"over the common seeds with a delta-method {pct} % interval. ↓ lower is better, ↑ higher is better.", ""]
+            f"over the common seeds with a delta-method {pct} % interval. ↓ lower is better, ↑ higher is better."
+            + nothing_detected_legend(records, columns), ""]
+
+
+def nothing_detected_legend(records: dict[str, dict[int, SeedRecord]], columns: list[Column]) -> str:
+    """The legend's sentence on (values) nothing detected, only in a table where a learned run has TPR 0 in every
+    group (the published tables without one keep their legend)."""
+    if not any(r.failed is None and r.floor is None and r.no_positive is not None
+               for seeds in records.values() for r in seeds.values()):
+        return ""
+    rates = ", ".join(c.header for c in columns if c.threshold_rates)
+    return (" (values) nothing detected: the run learned but has TPR 0 in every group at the operating threshold "
+            f"(no person detected at ufm.score_threshold), so its group rates compare nothing ({rates}: 0 − 0 and "
+            "0/0); they are left out of every comparison as a run below the floor is.")
 
 
 def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column]) -> list[str]:
@@ -232,6 +248,10 @@ def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column])
             lines.append(f"- {method}, seed {s}: failed: {why}")
         for s, why in below.items():
             lines.append(f"- {method}, seed {s}: did not learn ({why})")
+        rates = ", ".join(c.header for c in columns if c.threshold_rates)
+        for s, r in seeds.items():
+            if r.failed is None and r.floor is None and r.no_positive is not None and rates:
+                lines.append(f"- {method}, seed {s}: nothing detected ({r.no_positive}); not compared: {rates}")
         if fallback:
             lines.append(f"- {method}, seeds {fallback}: the final AIA matched too few persons and probed the "
                          "ground-truth person boxes instead (attack.aia.min_matched)")
@@ -270,7 +290,7 @@ def table_lines(cells: dict[str, dict[str, Cell]], records: dict[str, dict[int, 
     """table.md's comparison: the values with their intervals, notes, paired differences, power and verdicts."""
     empty = empty_columns(cells, columns)
     columns = [c for c in columns if c.header not in empty]
-    lines = [header, *legend_lines(cells, columns, settings),
+    lines = [header, *legend_lines(cells, records, columns, settings),
              *([f"Left out, no run of this table has a value: {'; '.join(f'{h} ({why})' for h, why in empty.items())}.",
                 ""] if empty else []),
              "| method | " + " | ".join(f"{c.header} {'↓' if c.lower_is_better else '↑'}" for c in columns) + " |",

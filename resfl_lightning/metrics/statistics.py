@@ -329,3 +329,15 @@ def below_utility_floor(summary: Mapping[str, object], map50_floor: float = 0.05
     if finite(acc) is not None and finite(majority) is not None and float(acc) <= float(majority):
         return f"{name}accuracy {float(acc):.3f} <= majority-class rate {float(majority):.3f}"
     return None
+
+
+def no_positive_at_threshold(summary: Mapping[str, object], split: str = "test") -> str | None:
+    """Why a run's group rates at the operating threshold compare nothing, or None: every group's <split>/tpr/<g> is 0,
+    so no person was detected (detection: no box scored >= ufm.score_threshold on a matched person) or no example was
+    predicted positive. ΔEOP and EOD are then 0 - 0 and DI is 0/0: no group is served better because none is served.
+    A run without group TPRs is not judged here (None)."""
+    rates = [finite(v) for k, v in summary.items() if k.startswith(f"{split}/tpr/")]
+    rates = [r for r in rates if r is not None]
+    if rates and all(r == 0.0 for r in rates):
+        return f"{split} TPR 0 in all {len(rates)} groups: nothing detected or predicted positive at the threshold"
+    return None

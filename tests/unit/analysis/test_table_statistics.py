@@ -164,6 +164,45 @@ def test_runs_below_the_utility_floor_are_greyed_and_not_compared():
     assert cells["puffle"]["fate"].fate.n == 0  # FATE: no common seed where both learned
 
 
+def test_a_learned_run_that_detects_nothing_at_the_threshold_leaves_its_group_rates_uncompared():
+    """A detector that learned a ranking (mAP@50 0.68) but scores no person >= ufm.score_threshold has TPR 0 in every
+    group: its ΔEOP and EOD are 0 - 0. Before, the table compared them (CurvFed's ΔEOP 0.000, the "fairest" row, and
+    FATE +5.9 from it); now they are greyed "nothing detected", out of the paired differences and FATE, while the
+    run's utility and privacy values are still compared."""
+    from resfl_lightning.analysis.table import cell_text, note_lines, table_lines
+
+    def run(s, delta_eop, mia, nothing=None):
+        r = _record(utility=0.5, test__map_50=0.7, test__delta_eop=delta_eop, test__eod=delta_eop,
+                    attack__mia_auc=mia + 0.01 * s)
+        r.no_positive = nothing
+        return r
+
+    why = "test TPR 0 in all 3 groups: nothing detected or predicted positive at the threshold"
+    base = {s: run(s, 0.25 + 0.01 * s, 0.67) for s in range(3)}
+    flat = {s: run(s, 0.0, 0.55, why) for s in range(3)}
+    mixed = {s: run(s, 0.0 if s == 0 else 0.20 + 0.01 * s, 0.70, why if s == 0 else None) for s in range(3)}
+    records = {"fedavg": base, "curvfed": flat, "resfl": mixed}
+    cells = summarise(records, COLUMNS, SETTINGS)
+    eop = cells["curvfed"]["test/delta_eop"]
+    assert eop.interval.n == 0 and eop.diff.n == 0 and eop.not_learned == 3
+    assert cell_text(eop, BY_KEY["test/delta_eop"]) == "(0.000 ± 0.000 [0.000, 0.000]) nothing detected"
+    assert cells["curvfed"]["test/eod"].diff.n == 0
+    assert cells["curvfed"]["attack/mia_auc"].diff.n == 3  # the privacy values are the model's: still compared
+    assert cells["curvfed"]["utility"].diff.n == 3
+    assert cells["curvfed"]["fate"].fate.n == 0
+    assert cell_text(cells["curvfed"]["fate"], BY_KEY["fate"]) == (
+        "n/a (no common seed where both runs learned and detected something)")
+    assert cells["resfl"]["test/delta_eop"].interval.n == 2 and cells["resfl"]["test/delta_eop"].diff.n == 2
+    assert cells["resfl"]["fate"].fate.n == 2
+    notes = "\n".join(note_lines(records, COLUMNS))
+    assert f"- curvfed, seed 1: nothing detected ({why}); not compared: |1-DI|, ΔEOP, EOD" in notes
+    md = "\n".join(table_lines(cells, records, "# t", COLUMNS, SETTINGS, []))
+    assert "(values) nothing detected: the run learned but has TPR 0 in every group" in md
+    learned = {m: {s: run(s, 0.2, 0.6) for s in range(3)} for m in ("fedavg", "resfl")}
+    plain = "\n".join(table_lines(summarise(learned, COLUMNS, SETTINGS), learned, "# t", COLUMNS, SETTINGS, []))
+    assert "nothing detected" not in plain  # a table without such a run keeps its legend
+
+
 def test_a_column_no_run_has_a_value_in_is_left_out_of_table_md_and_named(tmp_path: Path):
     import csv
 

@@ -223,3 +223,15 @@ def test_utility_floor():
     assert below_utility_floor(val, split="val") == "val accuracy 0.750 <= majority-class rate 0.750"
     assert below_utility_floor(val) is None
     assert below_utility_floor({"val/map_50": 0.01, "test/map_50": 0.5}, 0.05, "val") == "val mAP@50 0.010 < 0.05"
+
+
+def test_no_positive_at_threshold_only_when_every_group_rate_is_zero():
+    from resfl_lightning.metrics.statistics import no_positive_at_threshold
+
+    zero = {"test/tpr/0": 0.0, "test/tpr/1": 0.0, "test/tpr/2": 0.0, "test/delta_eop": 0.0}
+    assert no_positive_at_threshold(zero) == (
+        "test TPR 0 in all 3 groups: nothing detected or predicted positive at the threshold")
+    assert no_positive_at_threshold({**zero, "test/tpr/2": 0.01}) is None  # one group served: rates compare
+    assert no_positive_at_threshold({"test/map_50": 0.7}) is None  # no group rates: not judged
+    assert no_positive_at_threshold({"test/tpr/0": None, "test/tpr/1": 0.0}) is not None  # undefined ones skipped
+    assert no_positive_at_threshold({**zero, "val/tpr/0": 0.5}, split="val") is None
