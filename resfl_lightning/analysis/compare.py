@@ -21,6 +21,7 @@ from resfl_lightning.analysis.run_data import RunData
 from resfl_lightning.metrics.fairness import privacy_score
 from resfl_lightning.metrics.fate import fate
 from resfl_lightning.metrics.robustness import relative_drop
+from resfl_lightning.metrics.statistics import no_positive_at_threshold
 
 # Config keys two paired runs must share for the difference to measure the attack (or the method) alone.
 PAIRED_KEYS = ("seed", "dataset", "model", "federation", "optim")
@@ -36,6 +37,16 @@ def _entry(clean: float | None, other: float | None, fn, keys: str) -> dict[str,
     except ValueError as err:
         entry["reason"] = str(err)
     return entry
+
+
+def nothing_detected(clean: RunData, other: RunData) -> str | None:
+    """Why the group-rate differences (DPA EODD, FATE's EO) of the pair compare nothing: a run with TPR 0 in every
+    group at the operating threshold (metrics/statistics.py::no_positive_at_threshold); None when both detect."""
+    for name, run in (("the clean run", clean), ("the other run", other)):
+        why = no_positive_at_threshold(run.summary)
+        if why is not None:
+            return f"{name} detects nothing ({why})"
+    return None
 
 
 def run_privacy_score(run: RunData) -> float | None:
@@ -54,11 +65,14 @@ def config_differences(clean: RunData, other: RunData) -> list[str]:
 def compare_runs(clean: RunData, other: RunData, fate_baseline: bool = False, lambda_f: float = 1.0) -> dict[str, Any]:
     """The comparison dict: metrics (name -> {value, clean, other, inputs[, reason]}) and warnings."""
     utility = "test/map" if clean.value("test/map") is not None else "test/accuracy"
+    nothing = nothing_detected(clean, other)
     metrics = {
         "ba_ad": _entry(clean.value(utility), other.value(utility), relative_drop, utility),
         "dpa_eodd": _entry(clean.value("test/eod"), other.value("test/eod"),
                            lambda c, o: o - c, "test/eod"),
     }
+    if nothing is not None:
+        metrics["dpa_eodd"] |= {"value": None, "reason": nothing}
     scores = (run_privacy_score(clean), run_privacy_score(other))
     if scores != (None, None):
         metrics["privacy_score_change"] = _entry(*scores, lambda c, o: o - c,
@@ -73,7 +87,9 @@ def compare_runs(clean: RunData, other: RunData, fate_baseline: bool = False, la
         eos = (clean.value(eo), other.value(eo))
         entry: dict[str, Any] = {"value": None, "clean": {acc: accs[0], eo: eos[0]},
                                  "other": {acc: accs[1], eo: eos[1]}, "inputs": f"{acc}, {eo}", "lambda_f": lambda_f}
-        if None in accs or None in eos:
+        if nothing is not None:
+            entry["reason"] = nothing
+        elif None in accs or None in eos:
             entry["reason"] = f"missing {acc} or {eo} in one of the runs"
         else:
             try:

@@ -29,7 +29,7 @@ from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.data.partition import count_from_fraction
 from resfl_lightning.metrics.intervals import interval_text
 from resfl_lightning.metrics.robustness import relative_drop
-from resfl_lightning.metrics.statistics import TTest, paired_t, t_test
+from resfl_lightning.metrics.statistics import TTest, no_positive_at_threshold, paired_t, t_test
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.values import finite
 
@@ -296,17 +296,21 @@ ROOT_RATIO_BAND = (0.5, 2.0)  # docs/robustness-protocol.md "Defence fidelity op
 
 def run_values(run: RunData | None) -> dict[str, float | None]:
     """Final utility (accuracy, or mAP@50-95 on detection), final EOD, and the attackers' mean weight share over the
-    rounds of a finished run; None where absent (and everywhere for a run that has not finished)."""
+    rounds of a finished run; None where absent (and everywhere for a run that has not finished). A run with TPR 0 in
+    every group at the operating threshold has no EOD here (`nothing_detected`: its EOD is 0 - 0, and an attacked run
+    that detects nobody would read as a fairness gain)."""
     if run is None:
-        return {"utility": None, "eod": None, "weight_share": None, "floor": None, "root_ratio": None}
+        return {"utility": None, "eod": None, "weight_share": None, "floor": None, "root_ratio": None,
+                "nothing_detected": False}
     utility, floor = run.value("test/map"), 0.0  # detection: a model that learned nothing has mAP 0
     if utility is None:
         utility, floor = run.value("test/accuracy"), run.value("test/majority_class_rate")
     shares = [share for row in run.rows if (share := finite(row.get(WEIGHT_SHARE))) is not None]
     ratios = [ratio for row in run.rows if (ratio := finite(row.get(ROOT_RATIO))) is not None]
-    return {"utility": utility, "eod": run.value("test/eod"),
+    nothing = no_positive_at_threshold(run.summary) is not None
+    return {"utility": utility, "eod": None if nothing else run.value("test/eod"),
             "weight_share": float(np.mean(shares)) if shares else None, "floor": floor,
-            "root_ratio": (min(ratios), max(ratios)) if ratios else None}
+            "root_ratio": (min(ratios), max(ratios)) if ratios else None, "nothing_detected": nothing}
 
 
 def ba_ad(clean: float | None, attacked: float | None) -> float | None:
@@ -579,7 +583,17 @@ def _run_overrides_text(grid: dict) -> str:
     return f" (every run, clean and attacked: {', '.join(f'`{o}`' for o in run)})" if run else ""
 
 
-def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int]) -> str:
+def nothing_detected_lines(runs: list[str]) -> list[str]:
+    """The note on the runs whose EOD is left out of ΔEOD (run_values: TPR 0 in every group at the threshold)."""
+    if not runs:
+        return []
+    return ["", f"ΔEOD leaves out {len(runs)} runs that detect nothing at the operating threshold (TPR 0 in every "
+            "group: their EOD is 0 - 0, which would read as a fairness gain of the attack): "
+            + ", ".join(sorted(runs)) + "."]
+
+
+def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: list[int],
+             nothing_detected: list[str] = ()) -> str:
     n = len(seeds)
     same_f = clean_reference_mode(grid) == "same_f"
     lines = [title, "",
@@ -611,6 +625,7 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
                 lines.append(f"| {d}, told f = {f} (f/n = {c.fraction}) | {_mean_text(r.utility, n)} |")
     for f in grid["fractions"]:
         lines += _fraction_tables(results, grid, f, n)
+    lines += nothing_detected_lines(list(nothing_detected))
     rule = grid["decision"]
     lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", "",
               "Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
@@ -795,5 +810,6 @@ class RobustnessGrid(Experiment):
                    f"and report modes, mean and 95 % t-interval over seeds {seeds[0]}-{seeds[-1]}" if held is None
                    else f"{ctx.dataset}, {ctx.scenario}{f', subset {subset}' if subset else ''}: worst case over "
                    f"attacks and report modes {held.text()}, mean and 95 % t-interval")
-        body = markdown(results, grid, title, seeds) + "\n![worst-case BA AD vs f/n](robustness.png)\n"
+        nothing = [run_dir_for(runs.out, c, s).name for (c, s), v in values.items() if v["nothing_detected"]]
+        body = markdown(results, grid, title, seeds, nothing) + "\n![worst-case BA AD vs f/n](robustness.png)\n"
         return Report(body, "robustness.md", {"robustness.png": lambda path: figure(results, grid, path, caption)})

@@ -108,7 +108,8 @@ def test_run_values_read_final_utility_eod_and_mean_weight_share(tmp_path):
             {"round": 1, "test/accuracy": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     assert run_values(finished_run(tmp_path)) == {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2),
-                                                  "floor": None, "root_ratio": None}  # no such keys in this run
+                                                  "floor": None, "root_ratio": None,  # no such keys in this run
+                                                  "nothing_detected": False}
     assert run_values(finished_run(tmp_path / "missing"))["utility"] is None
 
 
@@ -316,7 +317,7 @@ def test_the_run_ledger_carries_what_run_values_reads(tmp_path, monkeypatch):
         (restored / name).parent.mkdir(parents=True, exist_ok=True)
         (restored / name).write_text(text)
     expected = {"utility": 0.8, "eod": 0.1, "weight_share": pytest.approx(0.2), "floor": None,
-                "root_ratio": (0.4, 1.5)}
+                "root_ratio": (0.4, 1.5), "nothing_detected": False}
     assert run_values(finished_run(restored)) == run_values(finished_run(run)) == expected
     assert "ufm_raw" not in (restored / "metrics.jsonl").read_text()
 

@@ -150,6 +150,30 @@ def test_run_values_read_the_floor_of_each_task(tmp_path: Path):
         assert run_values(finished_run(run))["floor"] == floor
 
 
+def test_an_attacked_run_that_detects_nothing_has_no_eod_change(tmp_path: Path):
+    """Before, an attacked detector that scored no person >= the threshold read EOD 0, so ΔEOD = 0 - EOD_clean looked
+    like the attack made the model fairer (29 runs of the v1 detection subset)."""
+    from resfl_lightning.analysis.robustness import nothing_detected_lines
+
+    def run(name: str, summary: dict) -> dict:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "summary.json").write_text(__import__("json").dumps(summary))
+        (path / "metrics.jsonl").write_text("")
+        return run_values(finished_run(path))
+
+    clean = run("clean", {"test/map": 0.5, "test/eod": 0.2, "test/tpr/0": 0.7, "test/tpr/1": 0.5})
+    blind = run("blind", {"test/map": 0.3, "test/eod": 0.0, "test/tpr/0": 0.0, "test/tpr/1": 0.0})
+    assert not clean["nothing_detected"] and clean["eod"] == 0.2
+    assert blind["nothing_detected"] and blind["eod"] is None and blind["utility"] == 0.3
+    cells = [Cell("fedavg", "clean", "honest", 0.0), Cell("fedavg", "sign_flip", "honest", 0.2)]
+    values = {(cells[0], 0): clean, (cells[1], 0): blind, (cells[0], 1): clean,
+              (cells[1], 1): run("seeing", {"test/map": 0.4, "test/eod": 0.3, "test/tpr/0": 0.5, "test/tpr/1": 0.2})}
+    result = cell_results(values, cells, [0, 1], None)[cells[1]]
+    assert result.delta_eod == {1: pytest.approx(0.1)} and result.ba_ad[0] == pytest.approx(0.4)
+    assert nothing_detected_lines([]) == [] and "leaves out 1 runs" in nothing_detected_lines(["a-s0"])[1]
+
+
 def test_markdown_says_which_cells_attack_another_rule_and_the_run_overrides():
     grid = v2("partial")
     grid["fractions"] = [0.2]

@@ -475,6 +475,22 @@ def test_compare_classification_uses_accuracy(tmp_path):
     assert m["dpa_eodd"]["value"] == pytest.approx(-0.03) and "ba_ad_50" not in m
 
 
+def test_compare_leaves_out_the_eod_change_of_a_run_that_detects_nothing(tmp_path):
+    # the attacked detector scores no person >= the threshold: its EOD 0 is 0 - 0, not a fairness gain of the attack
+    rates = {"test/tpr/0": 0.6, "test/tpr/1": 0.4}
+    clean = _run_dir(tmp_path / "clean", {"test/map": 0.5, "test/eod": 0.2, "test/delta_eop": 0.2, **rates})
+    blind = _run_dir(tmp_path / "blind", {"test/map": 0.3, "test/eod": 0.0, "test/delta_eop": 0.0,
+                                          "test/tpr/0": 0.0, "test/tpr/1": 0.0})
+    m = compare.compare_runs(run_data.load_run(clean), run_data.load_run(blind), fate_baseline=True)["metrics"]
+    assert m["dpa_eodd"]["value"] is None and m["dpa_eodd"]["other"] == 0.0
+    assert m["dpa_eodd"]["reason"].startswith("the other run detects nothing (test TPR 0 in all 2 groups")
+    assert m["fate"]["value"] is None and "detects nothing" in m["fate"]["reason"]
+    assert m["ba_ad"]["value"] == pytest.approx(0.4)  # utility still compares
+    seeing = _run_dir(tmp_path / "seeing", {"test/map": 0.5, "test/eod": 0.1, "test/delta_eop": 0.1, **rates})
+    assert compare.compare_runs(run_data.load_run(clean), run_data.load_run(seeing))["metrics"]["dpa_eodd"][
+        "value"] == pytest.approx(-0.1)
+
+
 def test_compare_privacy_score_from_balanced_accuracies(tmp_path):
     # score/privacy stored by an old run (top-1 AIA) must not leak in: the change is recomputed from the two SRs.
     clean = _run_dir(tmp_path / "clean", {"test/map": 0.4, "attack/mia_success_rate": 0.60,
