@@ -150,7 +150,7 @@ def left_out(record: SeedRecord, column) -> str | None:
     floor) or "nothing detected" (a threshold_rates column, TPR 0 in every group); None when it is compared."""
     if column.gated and record.floor is not None:
         return "did not learn"
-    if getattr(column, "threshold_rates", False) and record.no_positive is not None:
+    if column.threshold_rates and record.no_positive is not None:
         return "nothing detected"
     return None
 
