@@ -233,3 +233,19 @@ def test_a_subset_above_the_decided_fractions_renders_without_a_harm_check():
     results = cell_results(_values(table, 0.75), [Cell(*k) for k in table], list(range(5)), grid)
     assert harm_gate(results, grid) is None
     assert "## Decision rule on resfl_robust" in markdown(results, grid, "# t", list(range(5)))
+
+
+def test_the_detection_subset_runs_at_the_calibrated_tunes_selections():
+    """Pinned before the subset's first run (docs/robustness-protocol.md, Version 2): FedAvg, the rules that run
+    algorithm=fedavg, and resfl_robust train with the calibrated tune's learning rates, the day's
+    conf/tuned/table_synthetic/ selections; a later tune does not move them."""
+    from resfl_lightning.analysis.robustness import pinned_overrides, train_overrides
+
+    grid = v2("detection")
+    cells = {c.defence: c for c in grid_cells(grid) if c.attack == "sign_flip_n_over_f"}
+    assert set(cells) == {"fedavg", "median", "fltrust", "resfl_robust"}
+    for defence, lr in (("fedavg", "0.1"), ("median", "0.1"), ("fltrust", "0.1"), ("resfl_robust", "0.03")):
+        assert pinned_overrides(grid, "synthetic", cells[defence]) == [f"optim.lr={lr}"]
+    overrides = train_overrides("synthetic", "group_skew", grid, cells["fltrust"], 1, Path("out"), [])
+    assert overrides[:3] == ["dataset=synthetic", "scenario=group_skew", "experiment=table_synthetic"]
+    assert "optim.lr=0.1" in overrides and overrides.index("optim.lr=0.1") < overrides.index("seed=1")
