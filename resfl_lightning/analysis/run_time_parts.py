@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from resfl_lightning.analysis.run_records import recorded_wall
+from resfl_lightning.analysis.run_records import finished_wall
 
 ROUND_PARTS = (("time/train", "local training"), ("time/validate", "client validation"),
                ("time/aggregate", "aggregation"))
@@ -32,14 +32,11 @@ def run_time_parts(summary: dict, wall_s: float) -> dict[str, float] | None:
     def total(key: str) -> float:
         return float(summary.get(f"mean_{key}") or 0.0) * rounds
 
-    parts = {label: total(key) for key, label in ROUND_PARTS}
+    rounds_parts = {label: total(key) for key, label in ROUND_PARTS}
     attacks = {label: float(summary.get(key) or 0.0) for key, label in ATTACK_PARTS}
     callbacks = total("time/callbacks")
-    parts |= attacks
-    parts[CALLBACKS] = max(callbacks - sum(attacks.values()), 0.0)
-    timed = sum(total(key) for key, _ in ROUND_PARTS) + callbacks
-    parts[REST] = max(wall_s - timed, 0.0)
-    return parts
+    return {**rounds_parts, **attacks, CALLBACKS: max(callbacks - sum(attacks.values()), 0.0),
+            REST: max(wall_s - sum(rounds_parts.values()) - callbacks, 0.0)}
 
 
 def summed_time_parts(run_dirs: Iterable[Path]) -> tuple[dict[str, float], int]:
@@ -47,11 +44,10 @@ def summed_time_parts(run_dirs: Iterable[Path]) -> tuple[dict[str, float], int]:
     sums = dict.fromkeys(ORDER, 0.0)
     counted = 0
     for run_dir in run_dirs:
-        wall = recorded_wall(run_dir)
-        summary_path = run_dir / "summary.json"
-        if wall is None or not summary_path.is_file():
+        wall = finished_wall(run_dir)
+        if wall is None:
             continue
-        parts = run_time_parts(json.loads(summary_path.read_text()), wall)
+        parts = run_time_parts(json.loads((run_dir / "summary.json").read_text()), wall)
         if parts is None:
             continue
         counted += 1

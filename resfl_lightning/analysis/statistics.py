@@ -140,6 +140,11 @@ class SeedRecord:
     aia_fallback: bool = False
     groups_excluded: dict[str, int] = field(default_factory=dict)  # test groups below metrics.min_group_size
 
+    @property
+    def learned_but_detected_nothing(self) -> bool:
+        """Finished, above the utility floor, and TPR 0 in every group at the threshold (left_out's second case)."""
+        return self.failed is None and self.floor is None and self.no_positive is not None
+
 
 def failed_record(message: str) -> SeedRecord:
     return SeedRecord(failed=message)

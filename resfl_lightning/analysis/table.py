@@ -223,8 +223,7 @@ def legend_lines(cells: dict[str, dict[str, Cell]], records: dict[str, dict[int,
 def nothing_detected_legend(records: dict[str, dict[int, SeedRecord]], columns: list[Column]) -> str:
     """The legend's sentence on (values) nothing detected, only in a table where a learned run has TPR 0 in every
     group (the published tables without one keep their legend)."""
-    if not any(r.failed is None and r.floor is None and r.no_positive is not None
-               for seeds in records.values() for r in seeds.values()):
+    if not any(r.learned_but_detected_nothing for seeds in records.values() for r in seeds.values()):
         return ""
     rates = ", ".join(c.header for c in columns if c.threshold_rates)
     return (" (values) nothing detected: the run learned but has TPR 0 in every group at the operating threshold "
@@ -236,6 +235,7 @@ def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column])
     """Per method: failed runs, runs below the utility floor, seeds without a value, AIA ground-truth-box fallbacks,
     groups left out of the group metrics (metrics.min_group_size)."""
     lines = []
+    rates = ", ".join(c.header for c in columns if c.threshold_rates)
     for method, seeds in records.items():
         failed = {s: r.failed for s, r in seeds.items() if r.failed is not None}
         below = {s: r.floor for s, r in seeds.items() if r.failed is None and r.floor is not None}
@@ -248,9 +248,8 @@ def note_lines(records: dict[str, dict[int, SeedRecord]], columns: list[Column])
             lines.append(f"- {method}, seed {s}: failed: {why}")
         for s, why in below.items():
             lines.append(f"- {method}, seed {s}: did not learn ({why})")
-        rates = ", ".join(c.header for c in columns if c.threshold_rates)
         for s, r in seeds.items():
-            if r.failed is None and r.floor is None and r.no_positive is not None and rates:
+            if r.learned_but_detected_nothing and rates:
                 lines.append(f"- {method}, seed {s}: nothing detected ({r.no_positive}); not compared: {rates}")
         if fallback:
             lines.append(f"- {method}, seeds {fallback}: the final AIA matched too few persons and probed the "
