@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from resfl_lightning.analysis.client_leakage_section import client_leakage_lines
 from resfl_lightning.analysis.columns import Column, Fate, SeedRuns, load_columns, load_mechanism_columns
 from resfl_lightning.analysis.dp_accounting import dp_accounting_lines
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
@@ -489,6 +490,8 @@ class MethodTable(Experiment):
                   f"the runs' own wall times sum to {runs.runs_wall_s:.0f} s)")
         lines = table_lines(cells, records, header, columns, settings, claims)
         text = "\n".join(lines) + "\n" + "\n".join(mechanism_lines(out, seed_sets, records)) + "\n"
+        text += "".join(f"{line}\n" for line in client_leakage_lines(
+            lambda m, s, a: run_dir_for(out, m, s, a), seed_sets, lambda m, s: records[m][s].failed is None))
         text += "".join(f"{line}\n" for line in dp_section(out, seed_sets, records))
         table_csv = csv_text(cells, columns)
         if ctx.options.get("wandb"):

@@ -21,7 +21,7 @@ def ufm_fairness_correlation(ufm: Sequence[float], delta_eop: Sequence[float]) -
     return float(stats.spearmanr(u, e).statistic)
 
 
-def _client_map(row: dict, suffix: str) -> dict[int, float]:
+def client_map(row: dict, suffix: str) -> dict[int, float]:
     """client id -> finite value of client/<i>/<suffix> in one round's metrics row, in client order."""
     found = {int(k.split("/")[1]): v for k, v in row.items() if k.startswith("client/") and k.endswith("/" + suffix)}
     return {c: float(v) for c, v in sorted(found.items())
@@ -30,7 +30,7 @@ def _client_map(row: dict, suffix: str) -> dict[int, float]:
 
 def _client_values(row: dict, suffix: str) -> list[float]:
     """Finite values of client/<i>/<suffix> in one round's metrics row, in client order."""
-    return list(_client_map(row, suffix).values())
+    return list(client_map(row, suffix).values())
 
 
 def _nanmean(values: list[float]) -> float:
@@ -65,7 +65,7 @@ def run_mechanism(rows: Sequence[dict], skewed: Sequence[int] | None = None) -> 
             spread.append(float(np.std(u)))
             s = _client_values(row, "ufm_se")
             se.append(float(np.median(s)) if s else math.nan)
-            for cid, w in _client_map(row, "weight").items():
+            for cid, w in client_map(row, "weight").items():
                 (w_skewed if cid in skewed_ids else w_clean).append(w)
     med_se = float(np.nanmedian(se)) if se and not all(math.isnan(x) for x in se) else math.nan
     med_spread = float(np.median(spread)) if spread else math.nan
