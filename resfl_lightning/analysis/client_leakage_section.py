@@ -11,6 +11,7 @@ import numpy as np
 
 from resfl_lightning.analysis.report import load_rounds
 from resfl_lightning.metrics.client_leakage import hit_pvalue, worst_is_most_weighted
+from resfl_lightning.metrics.intervals import mean_sd_text
 
 # (summary key prefix of the per-client audit, the table run that holds it): in the privacy run when the audit ran
 # inside it, else in the separate audit run.
@@ -28,13 +29,6 @@ def audited_run(run_dir_for, method: str, seed: int):
         if prefix in run.summary:
             return run, prefix
     return None
-
-
-def _mean_sd(values: list[float]) -> str:
-    x = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if x.size == 0:
-        return "n/a"
-    return f"{x.mean():.3f} ± {x.std(ddof=1):.3f}" if x.size > 1 else f"{x.mean():.3f}"
 
 
 def client_leakage_lines(run_dir_for, seed_sets: dict[str, list[int]], finished) -> list[str]:
@@ -55,7 +49,7 @@ def client_leakage_lines(run_dir_for, seed_sets: dict[str, list[int]], finished)
                      f"p {hit_pvalue(k, len(decided), chance):.3g}")
         else:
             share = "n/a (no single most-weighted client)"
-        rows.append(f"| {method} | {len(found)} | {_mean_sd(auc)} | {_mean_sd(tpr)} | {share} |")
+        rows.append(f"| {method} | {len(found)} | {mean_sd_text(auc)} | {mean_sd_text(tpr)} | {share} |")
     if not rows:
         return []
     return ["", "Which client's data leaks most (the per-client membership audit; exploratory, no correction across "

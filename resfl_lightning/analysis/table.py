@@ -21,7 +21,6 @@ import math
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.client_leakage_section import client_leakage_lines
@@ -42,7 +41,7 @@ from resfl_lightning.analysis.statistics import (
     summarise,
     verdict_lines,
 )
-from resfl_lightning.metrics.intervals import Interval, interval_text
+from resfl_lightning.metrics.intervals import Interval, interval_text, mean_sd_text
 from resfl_lightning.metrics.mechanism import run_mechanism
 from resfl_lightning.metrics.statistics import below_utility_floor, no_positive_at_threshold
 from resfl_lightning.resources import conf_dir
@@ -384,12 +383,7 @@ def mechanism_lines(out: Path, seed_sets: dict[str, list[int]],
         done = [s for s in seeds if records is None or records[method][s].failed is None]
         runs = [load_rounds(run_dir_for(out, method, seed)) for seed in done]
         per_seed = [run_mechanism(r.rows, quality_skewed_clients(r.config)) for r in runs]
-        cells = []
-        for _, key in mechanism_columns:
-            x = np.array([m[key] for m in per_seed], dtype=float)
-            x = x[~np.isnan(x)]
-            cells.append("n/a" if x.size == 0 else f"{x.mean():.3f} ± {x.std(ddof=1):.3f}" if x.size > 1
-                         else f"{x.mean():.3f}")
+        cells = [mean_sd_text(m[key] for m in per_seed) for _, key in mechanism_columns]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from resfl_lightning.metrics.statistics import SeedValues, TTest, paired_t, t_test
 
 
@@ -45,6 +47,18 @@ def interval_text(t: TTest | Interval, digits: int = 3, signed: bool = False, sd
         return num(t.mean) if point_alone else "n/a"
     spread = f" ± {(t.std if isinstance(t, Interval) else t.sd):.{digits}f}" if sd else ""
     return f"{num(t.mean)}{spread} [{num(t.low)}, {num(t.high)}]"
+
+
+def mean_sd_text(values, digits: int = 3) -> str:
+    """`mean ± sd` (ddof=1) of the finite values, the mean alone for one, n/a for none: a spread over seeds without
+    an interval (the tables' descriptive sections)."""
+    x = np.array([v for v in values if v is not None], dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return "n/a"
+    if x.size == 1:
+        return f"{x.mean():.{digits}f}"
+    return f"{x.mean():.{digits}f} ± {x.std(ddof=1):.{digits}f}"
 
 
 def t_interval(values, confidence: float = 0.95) -> Interval:

@@ -22,3 +22,13 @@ def test_one_value_is_its_mean_and_none_is_n_a():
     assert interval_text(t_test([0.5])) == "0.500" and interval_text(t_test([0.5]), point_alone=False) == "n/a"
     assert interval_text(t_test([-0.25]), signed=True) == "-0.250"
     assert interval_text(t_test([])) == "n/a" and Interval.of(t_test([])).fmt() == "n/a"
+
+
+def test_mean_sd_text_by_hand():
+    from resfl_lightning.metrics.intervals import mean_sd_text
+
+    # mean 2, sample sd sqrt(((1-2)^2 + (3-2)^2) / 1) = sqrt(2); NaN and None are skipped
+    assert mean_sd_text([1.0, None, 3.0, float("nan")]) == f"2.000 ± {2 ** 0.5:.3f}"
+    assert mean_sd_text([0.25]) == "0.250"
+    assert mean_sd_text([None, float("nan")]) == "n/a"
+    assert mean_sd_text(iter([1.0, 2.0]), digits=1) == "1.5 ± 0.7"
