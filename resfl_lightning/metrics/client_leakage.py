@@ -23,9 +23,7 @@ def summed_weights(rows: Sequence[dict]) -> dict[int, float]:
     return dict(sorted(total.items()))
 
 
-def most_weighted_client(rows: Sequence[dict]) -> int | None:
-    """The client with the largest summed weight; None when no weight was logged or the largest is tied."""
-    total = summed_weights(rows)
+def _leader(total: dict[int, float]) -> int | None:
     if not total:
         return None
     top = max(total.values())
@@ -33,14 +31,19 @@ def most_weighted_client(rows: Sequence[dict]) -> int | None:
     return leaders[0] if len(leaders) == 1 else None
 
 
+def most_weighted_client(rows: Sequence[dict]) -> int | None:
+    """The client with the largest summed weight; None when no weight was logged or the largest is tied."""
+    return _leader(summed_weights(rows))
+
+
 def worst_is_most_weighted(rows: Sequence[dict], worst_client: float | None) -> tuple[float, int]:
     """(1.0 / 0.0 whether the audit's worst client is the most-weighted one, NaN when either is undefined; the number
     of clients that logged a weight, whose reciprocal is the chance of a hit if leakage ignored the weights)."""
-    n = len(summed_weights(rows))
-    top = most_weighted_client(rows)
+    total = summed_weights(rows)
+    top = _leader(total)
     if top is None or worst_client is None or not math.isfinite(float(worst_client)):
-        return math.nan, n
-    return float(int(worst_client) == top), n
+        return math.nan, len(total)
+    return float(int(worst_client) == top), len(total)
 
 
 def hit_pvalue(hits: int, trials: int, chance: float) -> float:
