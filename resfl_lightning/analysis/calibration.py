@@ -3,10 +3,10 @@ preset, against the floors a benchmark card declares (conf/table/calibration.yam
 
 Per seed: one clean FedAvg run with the privacy attacks and the EOD measurement, and its partner attacked by the sign
 flip with gamma = n/f at the declared f/n (the run that reverses the mean update: BA AD measures how much an attack
-can hurt at all). A phenomenon is a final value of the clean run (or the pair's BA AD, analysis/robustness.py's one
-definition); the report gives its mean with the Student-t interval over the seeds, its SD, and whether the interval
-clears the floor. The knobs of a preset are chosen on the calibration seeds; the check seeds are held out for the
-card's numbers.
+can hurt at all). A phenomenon is a final value of the clean run (or the pair's BA AD, the one definition in
+analysis/robustness_results.py); the report gives its mean with the Student-t interval over the seeds, its SD,
+and whether the interval clears the floor. The knobs of a preset are chosen on the calibration seeds; the check
+seeds are held out for the card's numbers.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from omegaconf import OmegaConf
 
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import at_least, ba_ad, pair_mismatch
-from resfl_lightning.analysis.robustness import run_values as attack_values
+from resfl_lightning.analysis.robustness_criteria import at_least
+from resfl_lightning.analysis.robustness_pairing import pair_mismatch
+from resfl_lightning.analysis.robustness_results import ba_ad
+from resfl_lightning.analysis.robustness_results import run_values as attack_values
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.data.partition import count_from_fraction
 from resfl_lightning.metrics.intervals import interval_text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from resfl_lightning.analysis.execute import Context, Experiment, PlannedRun, Report, Runs, experiment_out
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, runs_kind, select, train_overrides
+from resfl_lightning.analysis.robustness_grid import CLEAN, Cell, load_grid, runs_kind, select, train_overrides
 
 CHECKED = Cell("fedavg", CLEAN, "honest", 0.0)  # the rule reads FedAvg's clean run
 

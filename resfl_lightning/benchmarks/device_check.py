@@ -23,7 +23,15 @@ from pathlib import Path
 
 from resfl_lightning.analysis.portable_paths import portable_command
 from resfl_lightning.analysis.provenance import write_results
-from resfl_lightning.analysis.robustness import CLEAN, Cell, grid_cells, load_grid, run_dir_for, select, train_overrides
+from resfl_lightning.analysis.robustness_grid import (
+    CLEAN,
+    Cell,
+    grid_cells,
+    load_grid,
+    run_dir_for,
+    select,
+    train_overrides,
+)
 from resfl_lightning.analysis.run_data import finished_run
 
 SEED = 0

@@ -18,7 +18,7 @@ CHANCE_3_GROUPS = 1 / 3
 def test_fedavg_on_the_calibrated_preset_clears_the_cards_floors(tmp_path):
     from resfl_lightning.analysis.calibration import BA_AD, Calibration
     from resfl_lightning.analysis.execute import Context
-    from resfl_lightning.analysis.robustness import ba_ad, run_values
+    from resfl_lightning.analysis.robustness_results import ba_ad, run_values
     from resfl_lightning.analysis.run_data import load_run
 
     experiment = Calibration()

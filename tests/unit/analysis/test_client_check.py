@@ -12,7 +12,7 @@ from resfl_lightning import cli
 from resfl_lightning.analysis.client_check import ClientCheck, check_rule, decide_clients
 from resfl_lightning.analysis.execute import Context, execute
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import load_grid
+from resfl_lightning.analysis.robustness_grid import load_grid
 
 RULE = {"seed": 123, "clients": [4, 5, 10], "metric": "test/map_50", "reference": 4, "candidate": 5, "fallback": 4,
         "min_ratio": 0.5}

@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from resfl_lightning.analysis.robustness import (
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.robustness_grid import (
     CLEAN,
     Cell,
-    ExperimentError,
     cell_overrides,
-    cell_results,
     clean_of,
     grid_cells,
     load_grid,
-    markdown,
     select,
     train_overrides,
-    unpaired_cells,
-    unpaired_runs,
 )
+from resfl_lightning.analysis.robustness_pairing import unpaired_cells, unpaired_runs
+from resfl_lightning.analysis.robustness_report import markdown
+from resfl_lightning.analysis.robustness_results import cell_results
 
 
 def same_f(grid: dict) -> dict:

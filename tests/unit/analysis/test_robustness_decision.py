@@ -14,22 +14,13 @@ from scipy import stats
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import DescrStatsW
 
-from resfl_lightning.analysis.robustness import (
-    CLEAN,
-    Cell,
-    ExperimentError,
-    RobustnessGrid,
-    cell_results,
-    decide,
-    figure_axes,
-    grid_cells,
-    load_grid,
-    markdown,
-    select,
-    worst_case,
-    worst_cell,
-)
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.robustness import RobustnessGrid
+from resfl_lightning.analysis.robustness_criteria import decide
 from resfl_lightning.analysis.robustness_decision import check_seeds_run, held_out_seeds
+from resfl_lightning.analysis.robustness_grid import CLEAN, Cell, grid_cells, load_grid, select
+from resfl_lightning.analysis.robustness_report import figure_axes, markdown
+from resfl_lightning.analysis.robustness_results import cell_results, worst_case, worst_cell
 
 SEEDS = [0, 1, 2, 3, 4]
 CLEAN_U = [0.85, 0.84, 0.86, 0.85, 0.84]

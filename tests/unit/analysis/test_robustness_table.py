@@ -10,22 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from resfl_lightning.analysis.robustness import (
-    CLEAN,
-    Cell,
-    ExperimentError,
-    ba_ad,
-    cell_overrides,
-    cell_results,
-    decide,
-    figure_axes,
-    grid_cells,
-    load_grid,
-    markdown,
-    run_values,
-    select,
-    worst_cell,
-)
+from resfl_lightning.analysis.experiment import ExperimentError
+from resfl_lightning.analysis.robustness_criteria import decide
+from resfl_lightning.analysis.robustness_grid import CLEAN, Cell, cell_overrides, grid_cells, load_grid, select
+from resfl_lightning.analysis.robustness_report import figure_axes, markdown
+from resfl_lightning.analysis.robustness_results import ba_ad, cell_results, run_values, worst_cell
 from resfl_lightning.analysis.run_data import finished_run
 
 
@@ -256,7 +245,7 @@ def test_missing_cells_are_not_decidable():
 def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
     """A typo in conf/table/robustness.yaml (a key no rule has, an attack preset that does not exist) fails here,
     not hours into a grid."""
-    from resfl_lightning.analysis.robustness import train_overrides
+    from resfl_lightning.analysis.robustness_grid import train_overrides
     from resfl_lightning.analysis.run_settings import composed_settings
     from resfl_lightning.run_config.load import load_config
 
@@ -275,7 +264,7 @@ def test_every_defence_attack_and_report_mode_composes_and_passes_the_schema():
 def test_a_pinned_setting_wins_over_the_tuned_file_only_on_its_dataset():
     """The grid's runs keep the tuned settings they were made with whatever conf/tuned/ holds later: the pin comes
     after the tuned file (which composition puts first) and applies per algorithm and dataset only."""
-    from resfl_lightning.analysis.robustness import pinned_overrides, train_overrides
+    from resfl_lightning.analysis.robustness_grid import pinned_overrides, train_overrides
     from resfl_lightning.analysis.run_settings import composed_settings
 
     grid = load_grid()
@@ -344,7 +333,7 @@ def test_the_results_header_sums_the_runs_own_wall_times(tmp_path, monkeypatch):
 
 
 def test_a_pair_may_differ_in_the_attack_and_the_assumed_f_only():
-    from resfl_lightning.analysis.robustness import assumed_f_keys, pair_mismatch
+    from resfl_lightning.analysis.robustness_pairing import assumed_f_keys, pair_mismatch
 
     grid = load_grid()
     assert assumed_f_keys(grid, "krum") == {"aggregation.f"} and assumed_f_keys(grid, "fedavg") == set()
@@ -377,7 +366,7 @@ def _fake_grid_runs(out: Path, grid: dict, lr_of) -> None:
 def test_an_attacked_run_trained_with_other_settings_than_its_clean_run_is_named(tmp_path):
     """88 attacked runs of the Adult IID grid were trained at lr 0.01 while their clean partners ran at 0.03 (a
     re-tune between them); reading the grid must refuse them, naming each."""
-    from resfl_lightning.analysis.robustness import unpaired_runs
+    from resfl_lightning.analysis.robustness_pairing import unpaired_runs
 
     grid = select(load_grid(), "core")
     cells = grid_cells(grid)
@@ -390,7 +379,8 @@ def test_an_attacked_run_trained_with_other_settings_than_its_clean_run_is_named
 
 
 def test_every_attacked_cell_of_the_grid_composes_to_its_clean_run_but_the_attack():
-    from resfl_lightning.analysis.robustness import train_overrides, unpaired_cells
+    from resfl_lightning.analysis.robustness_grid import train_overrides
+    from resfl_lightning.analysis.robustness_pairing import unpaired_cells
     from resfl_lightning.analysis.run_settings import composed_settings
 
     grid = select(load_grid(), "core")
@@ -400,7 +390,7 @@ def test_every_attacked_cell_of_the_grid_composes_to_its_clean_run_but_the_attac
 
 def test_a_criterion_whose_interval_straddles_its_bound_is_not_decided():
     """The IID grid once FAILED criterion 4 on a point of +0.051 whose interval [-0.041, +0.142] held the bound."""
-    from resfl_lightning.analysis.robustness import all_of, at_least, at_most
+    from resfl_lightning.analysis.robustness_criteria import all_of, at_least, at_most
     from resfl_lightning.metrics.statistics import t_test
 
     straddling = t_test([-0.04, 0.05, 0.14])

@@ -9,20 +9,18 @@ from pathlib import Path
 import pytest
 
 from resfl_lightning.analysis.experiment import ExperimentError
-from resfl_lightning.analysis.robustness import (
+from resfl_lightning.analysis.robustness_criteria import decide, harm_gate
+from resfl_lightning.analysis.robustness_grid import (
     CLEAN,
     Cell,
     attacks_on,
     cell_overrides,
-    cell_results,
-    decide,
     grid_cells,
-    harm_gate,
     load_grid,
-    markdown,
-    run_values,
     select,
 )
+from resfl_lightning.analysis.robustness_report import markdown
+from resfl_lightning.analysis.robustness_results import cell_results, run_values
 from resfl_lightning.analysis.run_data import finished_run
 from resfl_lightning.resources import conf_dir
 
@@ -69,7 +67,7 @@ def test_a_subset_sets_its_seeds_run_overrides_and_decision_keys():
 def test_every_v2_cell_kind_composes_and_passes_the_schema():
     """A typo in robustness_v2.yaml (an option no rule has, an attack preset that does not exist, an adaptive attack
     on a rule it cannot read) fails here, not hours into the grid."""
-    from resfl_lightning.analysis.robustness import train_overrides
+    from resfl_lightning.analysis.robustness_grid import train_overrides
     from resfl_lightning.analysis.run_settings import composed_settings
     from resfl_lightning.run_config.load import load_config
 
@@ -153,7 +151,7 @@ def test_run_values_read_the_floor_of_each_task(tmp_path: Path):
 def test_an_attacked_run_that_detects_nothing_has_no_eod_change(tmp_path: Path):
     """Before, an attacked detector that scored no person >= the threshold read EOD 0, so ΔEOD = 0 - EOD_clean looked
     like the attack made the model fairer (29 runs of the v1 detection subset)."""
-    from resfl_lightning.analysis.robustness import nothing_detected_lines
+    from resfl_lightning.analysis.robustness_report import nothing_detected_lines
 
     def run(name: str, summary: dict) -> dict:
         path = tmp_path / name
@@ -239,7 +237,7 @@ def test_the_detection_subset_runs_at_the_calibrated_tunes_selections():
     """Pinned before the subset's first run (docs/robustness-protocol.md, Version 2): FedAvg, the rules that run
     algorithm=fedavg, and resfl_robust train with the calibrated tune's learning rates, the day's
     conf/tuned/table_synthetic/ selections; a later tune does not move them."""
-    from resfl_lightning.analysis.robustness import pinned_overrides, train_overrides
+    from resfl_lightning.analysis.robustness_grid import pinned_overrides, train_overrides
 
     grid = v2("detection")
     cells = {c.defence: c for c in grid_cells(grid) if c.attack == "sign_flip_n_over_f"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from resfl_lightning.analysis.robustness import CLEAN, Cell, load_grid, select
+from resfl_lightning.analysis.robustness_grid import CLEAN, Cell, load_grid, select
 from resfl_lightning.benchmarks.device_check import planned_cells, read_outcome, run_overrides
 
 
