@@ -16,6 +16,7 @@ root split, plus one evaluation per update for the rules that ask for them. A ru
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -89,12 +90,14 @@ class ServerRoot:
         self.int_buffers = None
         self.round_idx = -1
         self._update: torch.Tensor | None = None
+        self._evaluated: dict[bytes, object] = {}  # this round's evaluations by the update's bytes
         self.batches_per_epoch: int | None = None  # None: one pass over the root split per local epoch
         self.steps = 0  # optimizer steps of the last root update
 
     def begin_round(self, state, round_idx: int) -> None:
         self.theta, self.int_buffers, self.round_idx = state.theta, state.int_buffers, round_idx
         self._update = None
+        self._evaluated = {}
 
     def _seed(self) -> int:
         return int(np.random.SeedSequence([self.settings.seed, self.round_idx, _ROOT_STREAM]).generate_state(1)[0])
@@ -126,7 +129,28 @@ class ServerRoot:
         return lambda epoch: RootPasses(one_pass, seed + epoch * passes, self.batches_per_epoch)
 
     def evaluate(self, delta: torch.Tensor):
-        """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...)."""
-        self.layout.load(self.model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
-                         self.int_buffers)
-        return self.model.evaluate(self.loader)
+        """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...), a function of
+        (theta_G, round, delta) alone: the module's evaluation seeds (the bootstrap SE, noisy or k-means cohorts) read
+        its client id and round, which are the server's (-1, round) here, as for the root update, not those of the
+        client this rank trained last (another on every rank; restored afterwards). So an update evaluated again in
+        the round (a line-searching attack previews the rule ~16 times on the same honest updates) is read back."""
+        key = _bytes_key(delta)
+        if key not in self._evaluated:
+            model = self.model
+            identity = model.client_id, model.round_idx
+            model.client_id, model.round_idx = -1, self.round_idx
+            try:
+                self.layout.load(model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
+                                 self.int_buffers)
+                self._evaluated[key] = model.evaluate(self.loader)
+            finally:
+                model.client_id, model.round_idx = identity
+        return self._evaluated[key]
+
+
+def _bytes_key(t: torch.Tensor) -> bytes:
+    """A digest of a tensor's dtype, shape and bytes (any dtype: viewed as bytes)."""
+    flat = t.detach().contiguous().reshape(-1).cpu()
+    h = hashlib.blake2b(f"{flat.dtype}{tuple(t.shape)}".encode(), digest_size=20)
+    h.update(flat.view(torch.uint8).numpy().tobytes())
+    return h.digest()
