@@ -17,7 +17,6 @@ from resfl_lightning.losses.evidential import (
     nig_params,
     nig_regulariser,
 )
-from resfl_lightning.models.yolo import EvidentialYOLO
 
 
 @dataclass
@@ -33,9 +32,10 @@ class DetectionLossOutput:
 
 
 class EvidentialDetectionLoss(v8DetectionLoss):
-    """Reuses ultralytics' assigner, box decoding and CIoU/DFL loss; swaps BCE for the Dirichlet NLL."""
+    """Reuses ultralytics' assigner, box decoding and CIoU/DFL loss; swaps BCE for the Dirichlet NLL. `model` is
+    models/yolo.py's EvidentialYOLO (its `detector` and `num_classes`; not imported: models/ stands above losses/)."""
 
-    def __init__(self, model: EvidentialYOLO, box: float = 7.5, cls: float = 0.5, dfl: float = 1.5,
+    def __init__(self, model: torch.nn.Module, box: float = 7.5, cls: float = 0.5, dfl: float = 1.5,
                  nig: float = 1.0, nig_detach_mean: bool = True, tal_topk: int = 10):
         model.detector.args = SimpleNamespace(box=box, cls=cls, dfl=dfl)
         super().__init__(model.detector, tal_topk=tal_topk)
