@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from resfl_lightning.clients.identity import as_server
 from resfl_lightning.data.federated import base_data
 from resfl_lightning.evaluation.evaluation_pass import EvaluationPass, run_evaluation_pass
 
@@ -49,7 +50,8 @@ class GlobalEvaluation:
     def on_round_end(self, federation, round_idx: int, model, metrics: dict) -> None:
         if not federation.fabric.is_global_zero or not self.due(round_idx, federation.settings.rounds):
             return
-        self.latest = run_evaluation_pass(model, federation.data.test_loader(), round_idx, self.min_group_size)
+        with as_server(model, round_idx):  # the global model: not the client this rank trained last
+            self.latest = run_evaluation_pass(model, federation.data.test_loader(), round_idx, self.min_group_size)
         self._announce(federation, "test", self.latest)
         self.last = {f"test/{k}": v for k, v in self.latest.metrics.items()}
         metrics.update(self.last)
@@ -57,7 +59,7 @@ class GlobalEvaluation:
         if self.final_validation and round_idx == federation.settings.rounds - 1 and loader is not None:
             # A loader draws its base seed from the torch RNG: the extra pass must leave the attacks that follow
             # (and so every earlier run's numbers) unchanged.
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), as_server(model, round_idx):
                 self.validation = run_evaluation_pass(model, loader(), round_idx, self.min_group_size)
             self._announce(federation, "val", self.validation)
             metrics.update({f"val/{k}": v for k, v in self.validation.metrics.items()})

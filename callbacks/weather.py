@@ -19,6 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from resfl_lightning.clients.identity import as_server
 from resfl_lightning.config import ConfigError
 from resfl_lightning.evaluation.weather import (
     MODES,
@@ -78,8 +79,9 @@ class WeatherEvaluation:
         extras = [self.extra] if self.extra is not None else []
         if self.privacy is not None and mode == "synthetic":
             extras.append(self.privacy.condition_metrics(federation, model, round_idx, self.seed))
-        self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode,
-                                     extra=_merged(extras) if extras else None, min_group_size=self.min_group_size)
+        with as_server(model, round_idx):  # the global model: not the client this rank trained last
+            self.rows = evaluate_weather(model, federation.data, seed=self.seed, mode=self.mode,
+                                         extra=_merged(extras) if extras else None, min_group_size=self.min_group_size)
         metrics.update(weather_metrics(self.rows))
         write_weather_json(self.run_dir / "weather.json", self.rows, round=round_idx, seed=self.seed, split="test",
                            mode=mode, privacy=any(r.get("privacy_score") is not None for r in self.rows))

@@ -15,6 +15,7 @@ from resfl_lightning.clients.base import (
     UfmSettings,
 )
 from resfl_lightning.clients.cohorts import effective_mode, ufm_cohorts
+from resfl_lightning.clients.identity import cohort_seed
 from resfl_lightning.data.detection import ground_truth_for
 from resfl_lightning.losses.adversary import Adversary, roi_pool_features
 from resfl_lightning.losses.detection import EvidentialDetectionLoss
@@ -169,7 +170,7 @@ class DetectionClient(FederatedClient):
     def ufm_units(self, preds: list[dict], gts: list[dict], features=None) -> list[dict[int, float]] | None:
         """Per-image group evidence over the UFM cohorts, or None when fewer than two cohorts are usable."""
         u = self.ufm
-        cohorts = ufm_cohorts(preds, gts, u, self.num_groups, seed=self.client_id + 1000 * self.round_idx,
+        cohorts = ufm_cohorts(preds, gts, u, self.num_groups, seed=cohort_seed(self.client_id, self.round_idx),
                               features=features)
         per_image = cohorts if cohorts is not None else [g["groups"].long().cpu() for g in gts]
         flat, kept = drop_small_cohorts(torch.cat(per_image) if per_image else torch.empty(0), u.min_group_persons)

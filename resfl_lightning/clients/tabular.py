@@ -22,6 +22,7 @@ from resfl_lightning.clients.base import (
     UfmSettings,
 )
 from resfl_lightning.clients.cohorts import effective_mode
+from resfl_lightning.clients.identity import cohort_seed
 from resfl_lightning.losses.adversary import Adversary
 from resfl_lightning.losses.evidential import dirichlet_kl_uniform, dirichlet_nll
 from resfl_lightning.losses.fairness import group_mean_distance
@@ -165,7 +166,7 @@ class TabularClient(FederatedClient):
         cohorts."""
         u = self.ufm
         mode = effective_mode(u)
-        seed = self.client_id + 1000 * self.round_idx  # the detection client's seeding, so runs stay comparable
+        seed = cohort_seed(self.client_id, self.round_idx)  # the detection client's seeding, so runs stay comparable
         if mode == "groups":
             groups = pred.groups
             if u.flip_rate > 0:

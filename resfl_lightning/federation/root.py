@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from resfl_lightning.clients.identity import as_server
 from resfl_lightning.data.federated import base_data
 from resfl_lightning.env import seed_all
 from resfl_lightning.federation.local import local_train
@@ -130,21 +131,14 @@ class ServerRoot:
 
     def evaluate(self, delta: torch.Tensor):
         """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...), a function of
-        (theta_G, round, delta) alone: the module's evaluation seeds (the bootstrap SE, noisy or k-means cohorts) read
-        its client id and round, which are the server's (-1, round) here, as for the root update, not those of the
-        client this rank trained last (another on every rank; restored afterwards). So an update evaluated again in
+        (theta_G, round, delta) alone, evaluated as the server (clients/identity.py). So an update evaluated again in
         the round (a line-searching attack previews the rule ~16 times on the same honest updates) is read back."""
         key = _bytes_key(delta)
         if key not in self._evaluated:
-            model = self.model
-            identity = model.client_id, model.round_idx
-            model.client_id, model.round_idx = -1, self.round_idx
-            try:
-                self.layout.load(model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
-                                 self.int_buffers)
-                self._evaluated[key] = model.evaluate(self.loader)
-            finally:
-                model.client_id, model.round_idx = identity
+            self.layout.load(self.model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
+                             self.int_buffers)
+            with as_server(self.model, self.round_idx):
+                self._evaluated[key] = self.model.evaluate(self.loader)
         return self._evaluated[key]
 
 
