@@ -17,16 +17,15 @@ file also holds the RNG state and the logger's run id, and export/global.pt hold
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from resfl_lightning.digest import state_sha256
 from resfl_lightning.federation.checkpoint import load_checkpoint
 
 # Every key that changes the bits is on the command line (use_tuned=false: a re-tuned conf/tuned/ file must not move
@@ -42,17 +41,6 @@ RUNS = {
     "tiny-fedavg": [*TINY, "algorithm=fedavg"],
     "adult-fedavg": [*ADULT, "algorithm=fedavg"],
 }
-
-
-def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over each tensor's key, dtype, shape and raw bytes, in sorted key order: equal for bitwise-equal
-    tensors whatever the mapping's order or the file that held them; any changed bit (a -0.0, a NaN payload) differs."""
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        tensor = state[key].detach().to("cpu").contiguous()
-        digest.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # a byte view: bfloat16 and bool too
-    return digest.hexdigest()
 
 
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -16,7 +16,6 @@ root split, plus one evaluation per update for the rules that ask for them. A ru
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import torch
 
 from resfl_lightning.clients.identity import as_server
 from resfl_lightning.data.federated import base_data
+from resfl_lightning.digest import state_sha256
 from resfl_lightning.env import seed_all
 from resfl_lightning.federation.local import local_train
 
@@ -91,7 +91,7 @@ class ServerRoot:
         self.int_buffers = None
         self.round_idx = -1
         self._update: torch.Tensor | None = None
-        self._evaluated: dict[bytes, object] = {}  # this round's evaluations by the update's bytes
+        self._evaluated: dict[str, object] = {}  # this round's evaluations by the update's bits
         self.batches_per_epoch: int | None = None  # None: one pass over the root split per local epoch
         self.steps = 0  # optimizer steps of the last root update
 
@@ -133,7 +133,7 @@ class ServerRoot:
         """The client's EvalResult of theta_G + delta on the root split (utility, ufm_raw, ufm_se, ...), a function of
         (theta_G, round, delta) alone, evaluated as the server (clients/identity.py). So an update evaluated again in
         the round (a line-searching attack previews the rule ~16 times on the same honest updates) is read back."""
-        key = _bytes_key(delta)
+        key = state_sha256({"delta": delta})
         if key not in self._evaluated:
             self.layout.load(self.model, (self.theta.to(torch.float64) + delta.to(torch.float64)).to(torch.float32),
                              self.int_buffers)
@@ -141,10 +141,3 @@ class ServerRoot:
                 self._evaluated[key] = self.model.evaluate(self.loader)
         return self._evaluated[key]
 
-
-def _bytes_key(t: torch.Tensor) -> bytes:
-    """A digest of a tensor's dtype, shape and bytes (any dtype: viewed as bytes)."""
-    flat = t.detach().contiguous().reshape(-1).cpu()
-    h = hashlib.blake2b(f"{flat.dtype}{tuple(t.shape)}".encode(), digest_size=20)
-    h.update(flat.view(torch.uint8).numpy().tobytes())
-    return h.digest()

@@ -17,7 +17,7 @@ PACKAGE = "resfl_lightning"
 # The layers, lowest first; each names subpackages and modules of the package ("__init__": the package itself). A
 # module imports its own layer and the ones below, never one above; docs/design.md says what each layer is for.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "env", "env_lock", "resources", "memo", "values", "types", "config"),  # the kernel
+    ("__init__", "env", "env_lock", "resources", "memo", "digest", "values", "types", "config"),  # the kernel
     ("metrics", "losses", "models"),
     ("data",),
     ("clients", "aggregation", "privacy", "baselines", "algorithms"),  # the plug-ins around a client and the server

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from resfl_lightning.benchmarks.checksums import final_model, state_sha256
+from resfl_lightning.benchmarks.checksums import final_model
+from resfl_lightning.digest import state_sha256
 from resfl_lightning.federation.checkpoint import ServerState, save_checkpoint
 
 
