@@ -31,6 +31,9 @@ def check_rule(grid: dict, subset: str) -> dict:
                if k not in rule]
     if missing:
         raise ExperimentError(f"subset {subset!r}: client_check lacks {missing} (conf/table/robustness.yaml)")
+    if not str(rule["metric"]).startswith("val/"):  # selection reads validation only (docs/method.md)
+        raise ExperimentError(f"subset {subset!r}: client_check metric {rule['metric']!r} is not a validation key "
+                              f"(val/*): a selection never reads the test split")
     for key in ("reference", "candidate", "fallback"):
         if rule[key] not in rule["clients"]:
             raise ExperimentError(f"subset {subset!r}: client_check {key} {rule[key]} is not among clients "
@@ -100,12 +103,15 @@ class ClientCheck(Experiment):
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid, rule = self.rule(ctx)
         seed = int(rule["seed"])
+        # the rule's val/* key exists only where the final model is also evaluated on the validation splits
+        validation = ["eval.final_validation=true"]
         planned = []
         for n in rule["clients"]:
             run_dir = out / f"{CHECKED.name}-n{n}-s{seed}"
             planned.append(PlannedRun(run_dir.name, train_overrides(ctx.dataset, ctx.scenario,
                                                                     {**grid, "clients": int(n)}, CHECKED, seed, out,
-                                                                    ctx.overrides, run_dir=run_dir)))
+                                                                    [*validation, *ctx.overrides],
+                                                                    run_dir=run_dir)))
         return planned
 
     def report(self, ctx: Context, runs: Runs) -> Report:

@@ -14,7 +14,7 @@ from resfl_lightning.analysis.execute import Context, execute
 from resfl_lightning.analysis.experiment import ExperimentError
 from resfl_lightning.analysis.robustness_grid import load_grid
 
-RULE = {"seed": 123, "clients": [4, 5, 10], "metric": "test/map_50", "reference": 4, "candidate": 5, "fallback": 4,
+RULE = {"seed": 123, "clients": [4, 5, 10], "metric": "val/map_50", "reference": 4, "candidate": 5, "fallback": 4,
         "min_ratio": 0.5}
 
 
@@ -36,16 +36,23 @@ def test_the_detection_subset_declares_the_amendments_rule_on_a_seed_outside_the
     grid["subsets"]["detection"]["client_check"] = {**RULE, "candidate": 6}
     with pytest.raises(ExperimentError, match="candidate 6 is not among clients"):
         check_rule(grid, "detection")
+    grid["subsets"]["detection"]["client_check"] = {**RULE, "metric": "test/map_50"}
+    with pytest.raises(ExperimentError, match="'test/map_50' is not a validation key"):
+        check_rule(grid, "detection")
 
 
 def _fake_runs(values: dict[int, float], seen: list):
-    """run_jobs that 'trains' each check run by writing the summary its n should give."""
+    """run_jobs that 'trains' each check run by writing the summary its n should give (val/* only where the run
+    evaluates the final model on the validation splits, as the trainer does)."""
     def run_jobs(jobs, workers, **_):
         for run_dir, overrides in jobs:
             seen.append(overrides)
             n = int(next(o for o in overrides if o.startswith("dataset.num_clients=")).split("=")[1])
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "summary.json").write_text(json.dumps({"test/map_50": values[n], "test/map": values[n] / 2}))
+            summary = {"test/map_50": values[n] * 1.1, "test/map": values[n] / 2}
+            if "eval.final_validation=true" in overrides:
+                summary["val/map_50"] = values[n]
+            (run_dir / "summary.json").write_text(json.dumps(summary))
             (run_dir / "table_wall_s.json").write_text(json.dumps({"wall_s": 1.0}))
         return []
     return run_jobs
@@ -79,3 +86,18 @@ def test_the_cli_exits_1_when_the_configured_n_disagrees_with_the_rule(tmp_path,
     assert "DISAGREES (the rule picks 4)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--check-clients needs --subset"):
         cli.main(["robustness", "--check-clients", "--out", str(Path(tmp_path) / "p")])
+
+
+def test_the_v2_check_evaluates_on_validation_and_decides(tmp_path, monkeypatch):
+    """The v2 grid's check reads val/map_50: its runs evaluate the final model on the validation splits (before
+    eval.final_validation was composed, the key never existed and the check could only say 'not decidable')."""
+    from resfl_lightning.resources import conf_dir
+
+    seen: list = []
+    monkeypatch.setattr("resfl_lightning.analysis.runner.run_jobs", _fake_runs({4: 0.6, 5: 0.5, 10: 0.0}, seen))
+    check = ClientCheck(conf_dir() / "table" / "robustness_v2.yaml")
+    execute(check, Context("synthetic", "group_skew", [], 1, "resfl robustness --check-clients", tmp_path / "o",
+                           tmp_path / "check.md", {"subset": "detection"}))
+    assert all("eval.final_validation=true" in overrides for overrides in seen) and len(seen) == 3
+    assert (check.outcome.clients, check.configured) == (5, 5)
+    assert "| 5 | 0.5 | 0.25 | 0.833 |" in (tmp_path / "check.md").read_text()

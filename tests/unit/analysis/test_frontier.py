@@ -170,6 +170,19 @@ def test_no_selection_rule_reads_the_test_split():
         assert not [k for k in keys if k.startswith(("test/", "score/"))], (name, keys)
 
 
+def test_no_client_count_check_reads_the_test_split():
+    """The robustness grids' client-count checks select a subset's n: they read validation keys only."""
+    from resfl_lightning.resources import conf_dir
+
+    metrics = {}
+    for path in sorted((conf_dir() / "table").glob("robustness*.yaml")):
+        for subset, spec in (yaml.safe_load(path.read_text()).get("subsets") or {}).items():
+            if "client_check" in spec:
+                metrics[(path.name, subset)] = spec["client_check"]["metric"]
+    assert {("robustness.yaml", "detection"), ("robustness_v2.yaml", "detection")} <= set(metrics)
+    assert all(m.startswith("val/") for m in metrics.values()), metrics
+
+
 
 @pytest.mark.slow
 def test_frontier_end_to_end_on_a_tiny_grid(adult_dir: Path, tmp_path: Path):
