@@ -254,25 +254,46 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
         return 0.0 if t.n < 2 else t.high - t.mean
 
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    shown = []  # utilities of the points the rule compares (grid points, FedAvg): the x-axis is theirs
     for strength in grid.strengths:
         pts = [(lam, *xy(Point(strength, lam).label)) for lam in grid.lambdas]
         pts = [(lam, u, a) for lam, u, a in pts if u.n and a.n]
         if not pts:
             continue
+        shown += [(u.mean - err(u), u.mean + err(u)) for _, u, _ in pts]
         line = ax.errorbar([u.mean for _, u, _ in pts], [a.mean for _, _, a in pts],
                            xerr=[err(u) for _, u, _ in pts], yerr=[err(a) for _, _, a in pts], marker="o",
                            capsize=3, label=f"RESFL, {strength} φ")
         for lam, u, a in pts:
             ax.annotate(f"{lam:g}", (u.mean, a.mean), textcoords="offset points", xytext=(4, 4), fontsize=7,
                         color=line[0].get_color())
-    for marker, baseline in zip("sD^v", grid.baselines):
-        u, a = xy(baseline)
-        if u.n and a.n:
-            ax.errorbar([u.mean], [a.mean], xerr=[err(u)], yerr=[err(a)], marker=marker, linestyle="none",
-                        capsize=3, color="black" if baseline == "fedavg" else "grey", label=baseline)
+    baselines = {b: xy(b) for b in grid.baselines}
+    baselines = {b: (u, a) for b, (u, a) in baselines.items() if u.n and a.n}
+    if "fedavg" in baselines:
+        u = baselines["fedavg"][0]
+        shown.append((u.mean - err(u), u.mean + err(u)))
+    low, high = (min(lo for lo, _ in shown), max(hi for _, hi in shown)) if shown else (0.0, 1.0)
+    pad = max(0.05 * (high - low), 0.01)
+    left = low - 4 * pad  # room for the off-scale markers
+    for marker, (baseline, (u, a)) in zip("sD^v", baselines.items()):
+        color = "black" if baseline == "fedavg" else "grey"
+        if shown and u.mean < left:  # a baseline that learned far less (DP-SGD): marked at the edge, value in words
+            ax.errorbar([left + pad], [a.mean], yerr=[err(a)], marker="<", linestyle="none", capsize=3, color=color,
+                        label=f"{baseline} (utility {u.mean:.3g}, off scale)")
+            continue
+        ax.errorbar([u.mean], [a.mean], xerr=[err(u)], yerr=[err(a)], marker=marker, linestyle="none",
+                    capsize=3, color=color, label=baseline)
+        high = max(high, u.mean + err(u))
     if selection.selected is not None:
         u, a = xy(Point(selection.selected.strength, selection.selected.lambda_priv).label)
         ax.scatter([u.mean], [a.mean], s=250, marker="*", facecolors="none", edgecolors="red", label="selected")
+    if "fedavg" in baselines:  # the rule's utility constraint
+        rule = grid.rule["utility"][task]
+        floor = utility_floor(task, baselines["fedavg"][0].mean, float(rule.get("min_minus", 0.0)),
+                              float(rule.get("min_times", 1.0)))
+        ax.axvline(floor, color="black", linestyle=":", linewidth=1, label=f"utility floor {floor:.3g}")
+    if shown:
+        ax.set_xlim(left, high + pad)
     ax.set_xlabel(f"utility the rule reads ({grid.rule['utility'][task]['metric']}) ↑")
     ax.set_ylabel("AIA balanced accuracy ↓")
     save_figure(fig, ax, title, path)

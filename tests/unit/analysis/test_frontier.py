@@ -184,6 +184,33 @@ def test_no_client_count_check_reads_the_test_split():
 
 
 
+def test_the_figure_zooms_on_the_compared_points_and_marks_a_baseline_that_learned_nothing(tmp_path, monkeypatch):
+    """A DP-SGD baseline at mAP@50 0.005 beside points at ~0.73 would squeeze them into a sliver: the x-axis spans
+    the grid points and FedAvg, the far baseline sits at the left edge with its utility in the legend, and the
+    rule's utility floor is drawn."""
+    from resfl_lightning.analysis import frontier
+    from resfl_lightning.analysis.frontier_rule import Selection
+
+    grid = load_grid().for_dataset("synthetic")
+    seeds = grid.tuning_seeds
+
+    def runs(utility, aia):
+        return {s: {"task": "detection", "utility": utility + 0.01 * i, "attack/aia_balanced_accuracy": aia}
+                for i, s in enumerate(seeds)}
+
+    values = {p.label: runs(0.73, 0.42) for p in grid_points(grid)}
+    values["fedavg"], values["fedavg_dp"] = runs(0.74, 0.49), runs(0.005, 0.48)
+    seen = {}
+    monkeypatch.setattr(frontier, "save_figure", lambda fig, ax, title, path: seen.update(ax=ax))
+    frontier.plot_frontier(grid, values, Selection(None, {}, "none"), tmp_path / "f.png", "t", "detection")
+    ax = seen["ax"]
+    low, high = ax.get_xlim()
+    assert 0.6 < low < 0.73 and 0.75 < high < 0.8
+    labels = ax.get_legend_handles_labels()[1]
+    assert "fedavg_dp (utility 0.015, off scale)" in labels and "fedavg" in labels
+    assert f"utility floor {utility_floor('detection', 0.75, 0.0, 0.98):.3g}" in labels
+
+
 @pytest.mark.slow
 def test_frontier_end_to_end_on_a_tiny_grid(adult_dir: Path, tmp_path: Path):
     from resfl_lightning.cli.frontier import main
