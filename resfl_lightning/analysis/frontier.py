@@ -354,8 +354,8 @@ class Frontier(Experiment):
     writer = "resfl frontier"
 
     def grid(self, ctx: Context) -> Grid:
-        grid = load_grid(ctx.options.get("grid") or self.grid_path)
-        return grid if ctx.options.get("confirm") else grid.for_dataset(ctx.dataset)
+        # the dataset's own tuning seeds in both stages: the confirmation names the seeds its point was selected on
+        return load_grid(ctx.options.get("grid") or self.grid_path).for_dataset(ctx.dataset)
 
     def default_out(self, ctx: Context) -> Path:
         return experiment_out("frontier", ctx)

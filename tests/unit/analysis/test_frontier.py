@@ -267,6 +267,20 @@ def test_confirm_refuses_without_a_selection(tmp_path: Path):
         main(["--confirm", "--out", str(tmp_path)])
 
 
+def test_a_confirmation_names_the_tuning_seeds_its_dataset_selected_on(tmp_path: Path):
+    """The detection frontier tunes on 100-102 (tuning_seeds_by_dataset): its confirmation said 100-104."""
+    from resfl_lightning.analysis.execute import Context
+    from resfl_lightning.analysis.frontier import Frontier
+
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"strength": "weak", "lambda_priv": 0.1},
+                                                        "reason": "selected weak", "grid": load_grid().text}))
+    for dataset, seeds in (("synthetic", "[100, 101, 102]"), ("adult", "[100, 101, 102, 103, 104]")):
+        ctx = Context(dataset, "group_skew", [], 1, "resfl frontier --confirm", tmp_path, None, {"confirm": True})
+        grid, points, run_seeds, selected, provenance = Frontier().stage(ctx, tmp_path)
+        assert provenance == f"Selected on the tuning seeds {seeds}: selected weak."
+        assert run_seeds == list(range(130, 140)) and selected == Point("weak", 0.1)
+
+
 def test_confirmation_verdict_needs_all_three_conditions():
     from resfl_lightning.analysis.frontier_rule import confirmation_verdict
 
