@@ -103,14 +103,12 @@ class ClientCheck(Experiment):
     def plan(self, ctx: Context, out: Path) -> list[PlannedRun]:
         grid, rule = self.rule(ctx)
         seed = int(rule["seed"])
-        # the rule's val/* key exists only where the final model is also evaluated on the validation splits
-        validation = ["eval.final_validation=true"]
-        planned = []
+        planned = []  # eval.final_validation: the final model evaluated on the validation splits, the rule's val/*
         for n in rule["clients"]:
             run_dir = out / f"{CHECKED.name}-n{n}-s{seed}"
             planned.append(PlannedRun(run_dir.name, train_overrides(ctx.dataset, ctx.scenario,
                                                                     {**grid, "clients": int(n)}, CHECKED, seed, out,
-                                                                    [*validation, *ctx.overrides],
+                                                                    ["eval.final_validation=true", *ctx.overrides],
                                                                     run_dir=run_dir)))
         return planned
 

@@ -236,9 +236,9 @@ def frontier_markdown(grid: Grid, header: str, values: dict[str, dict[int, dict]
 
 
 def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Selection, path: Path,
-                  title: str, task: str) -> None:
-    """AIA balanced accuracy against utility: one line per phi strength over lambda_priv, the baselines as points;
-    error bars are the Student-t intervals of the means."""
+                  title: str, task: str, floor: float) -> None:
+    """AIA balanced accuracy against utility: one line per phi strength over lambda_priv, the baselines as points,
+    the rule's utility floor as a line; error bars are the Student-t intervals of the means."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,11 +287,7 @@ def plot_frontier(grid: Grid, values: dict[str, dict[int, dict]], selection: Sel
     if selection.selected is not None:
         u, a = xy(Point(selection.selected.strength, selection.selected.lambda_priv).label)
         ax.scatter([u.mean], [a.mean], s=250, marker="*", facecolors="none", edgecolors="red", label="selected")
-    if "fedavg" in baselines:  # the rule's utility constraint
-        rule = grid.rule["utility"][task]
-        floor = utility_floor(task, baselines["fedavg"][0].mean, float(rule.get("min_minus", 0.0)),
-                              float(rule.get("min_times", 1.0)))
-        ax.axvline(floor, color="black", linestyle=":", linewidth=1, label=f"utility floor {floor:.3g}")
+    ax.axvline(floor, color="black", linestyle=":", linewidth=1, label=f"utility floor {floor:.3g}")
     if shown:
         ax.set_xlim(left, high + pad)
     ax.set_xlabel(f"utility the rule reads ({grid.rule['utility'][task]['metric']}) ↑")
@@ -404,7 +400,7 @@ class Frontier(Experiment):
             "selected": None if chosen is None else {"strength": chosen.strength, "lambda_priv": chosen.lambda_priv},
             "reason": selection.reason, "utility_floor": floor, "task": task, "grid": grid.text}, indent=1)
         return Report(text, "frontier.md", {"frontier.png": lambda path: plot_frontier(grid, values, selection, path,
-                                                                                       title, task)},
+                                                                                       title, task, floor)},
                       {"selection.json": saved})
 
     def confirmation_report(self, ctx: Context, runs: Runs, grid: Grid, points: list[Point], values,
