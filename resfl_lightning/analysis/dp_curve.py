@@ -3,8 +3,9 @@ starts to learn: docs/method.md §5a "DP baselines") of the pre-registered grid 
 x target epsilon x seed and the non-DP ablations, trained by analysis/runner.py (resumable: a finished run is reused
 once its saved config is checked to be what its command composes to now), then OUT/dp-curve.md (provenance header, the
 grid, one row per method and epsilon: utility mean with its Student-t interval over the seeds beside the runs' z, q,
-S_k, C, delta, spent epsilon and NSR) and OUT/dp-curve.png (utility against epsilon). The accounting numbers are the
-runs' summary.json `dp/` keys (analysis/dp_accounting.py, callbacks/reports.py)."""
+S_k, C, delta, spent epsilon and NSR; each clipping-only row as a share of each ablation's utility) and
+OUT/dp-curve.png (utility against epsilon). The accounting numbers are the runs' summary.json `dp/` keys
+(analysis/dp_accounting.py, callbacks/reports.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from resfl_lightning.analysis.figures import save_figure, series_style
 from resfl_lightning.analysis.statistics import load_statistics
 from resfl_lightning.analysis.table import table_preset
 from resfl_lightning.metrics.intervals import interval_text
-from resfl_lightning.metrics.statistics import TTest, t_test
+from resfl_lightning.metrics.statistics import TTest, relative_change, t_test
 from resfl_lightning.resources import conf_dir
 from resfl_lightning.run_config.tuned import recorded_path
 
@@ -156,6 +157,10 @@ class RowSummary:
     point: CurvePoint
     runs: list[dict]  # one per finished seed
     utility: TTest
+    seeds: tuple[int, ...] = ()  # the seeds of `runs`, in order
+
+    def utilities(self) -> dict[int, float]:
+        return {s: r["utility"] for s, r in zip(self.seeds, self.runs) if r.get("utility") is not None}
 
     def learned(self) -> tuple[int, int]:
         """(seeds above the table's utility floor, seeds with a utility value)."""
@@ -165,7 +170,32 @@ class RowSummary:
 
 def summarise(point: CurvePoint, runs: dict[int, dict], confidence: float) -> RowSummary:
     rows = [runs[s] for s in sorted(runs)]
-    return RowSummary(point, rows, t_test([r["utility"] for r in rows if r["utility"] is not None], confidence))
+    return RowSummary(point, rows, t_test([r["utility"] for r in rows if r["utility"] is not None], confidence),
+                      tuple(sorted(runs)))
+
+
+def clipping_only_lines(grid: CurveGrid, rows: list[RowSummary]) -> list[str]:
+    """Each DP method's ε = ∞ (clipping only) utility as a share of each ablation's: mean over the common seeds over
+    mean, with the delta-method interval of metrics/statistics.py::relative_change (+1). Descriptive: the grid
+    declares no threshold."""
+    refs = [r for r in rows if r.point.epsilon is None and r.utilities()]
+    clips = [r for r in rows if r.point.epsilon is not None and math.isinf(r.point.epsilon) and r.utilities()]
+    if not refs or not clips:
+        return []
+    pct = round(100 * grid.confidence)
+    lines = ["", f"Clipping only (ε = ∞) as a share of each reference without DP-SGD: mean over mean on the seeds "
+             f"both finished, [{pct} % delta-method interval], (n seeds):", "",
+             "| method | " + " | ".join(f"/ {r.point.name}" for r in refs) + " |",
+             "| --- |" + " ---: |" * len(refs)]
+    for clip in clips:
+        cells = []
+        for ref in refs:
+            rc = relative_change(clip.utilities(), ref.utilities(), grid.confidence)
+            cells.append("—" if not rc.n or math.isnan(rc.value) else
+                         f"{rc.value + 1:.3f} (n={rc.n})" if rc.n < 2 else
+                         f"{rc.value + 1:.3f} [{rc.low + 1:.3f}, {rc.high + 1:.3f}] (n={rc.n})")
+        lines.append(f"| {clip.point.name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def utility_cell(t: TTest) -> str:
@@ -228,6 +258,7 @@ def curve_markdown(grid: CurveGrid, title: str, rows: list[RowSummary], task: st
               "rule; a method learns at ε when every finished seed learned, and starts to learn at the smallest ε "
               "from which it learns at every larger ε of the grid):", "",
               *[f"- {learns_from(grid, rows, m)}" for m in grid.methods]]
+    lines += clipping_only_lines(grid, rows)
     lines += ["", "![dp-curve](dp-curve.png)"]
     if failures:
         lines += ["", "Failed runs (re-run the same command to retry them):", "", *[f"- {f}" for f in failures]]

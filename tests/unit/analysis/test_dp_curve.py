@@ -245,3 +245,30 @@ def test_method_overrides_may_not_set_the_epsilon(tmp_path: Path):
     path.write_text(GOOD + "method_overrides: [optim.lr]\n")
     with pytest.raises(ExperimentError, match="method_overrides: expected a list of key=value"):
         load_grid(path)
+
+
+def test_clipping_only_rows_are_read_as_shares_of_each_reference_on_common_seeds():
+    """Issue 53 reads each ε = ∞ row against the models without DP-SGD (≥ 0.5× FedAvg, ≥ 0.8× fedavg_gn): the curve
+    prints mean over mean on the seeds both finished with its delta-method interval, checked here by hand."""
+    grid = load_grid(Path(__file__).resolve().parents[3] / "conf" / "table" / "dp_curve_calibrated.yaml")
+    clip = {0: 0.60, 1: 0.70, 2: 0.74}
+    fedavg, gn = {0: 0.80, 1: 0.84, 2: 0.86}, {0: 0.75, 1: 0.70}  # fedavg_gn's seed 2 did not finish
+    rows = [summarise(CurvePoint("fedavg_dp", math.inf), {s: dp_run(u, z=0.0) for s, u in clip.items()}, 0.95),
+            summarise(CurvePoint("fedavg_dp", 8.0), {s: dp_run(0.01) for s in range(3)}, 0.95),
+            summarise(CurvePoint("fedavg"), {s: dp_run(u) for s, u in fedavg.items()}, 0.95),
+            summarise(CurvePoint("fedavg_gn"), {s: dp_run(u) for s, u in gn.items()}, 0.95)]
+    lines = dp_curve.clipping_only_lines(grid, rows)
+    assert lines[3] == "| method | / fedavg | / fedavg_gn |"
+    assert len(lines) == 6  # the ε = 8 row is not a clipping-only row
+
+    def by_hand(x, y):
+        x, y = np.array(x), np.array(y)
+        r = x.mean() / y.mean()
+        half = stats.t.ppf(0.975, len(x) - 1) * ((x - r * y) / y.mean()).std(ddof=1) / math.sqrt(len(x))
+        return f"{r:.3f} [{r - half:.3f}, {r + half:.3f}] (n={len(x)})"
+
+    assert lines[5] == (f"| fedavg_dp | {by_hand([0.60, 0.70, 0.74], [0.80, 0.84, 0.86])} | "
+                        f"{by_hand([0.60, 0.70], [0.75, 0.70])} |")
+    assert lines[5].startswith("| fedavg_dp | 0.816 [")  # 0.68 / 0.8333
+    assert dp_curve.clipping_only_lines(grid, rows[1:]) == []  # no ε = ∞ row: no section
+    assert "Clipping only (ε = ∞) as a share" in curve_markdown(grid, "t", rows, "detection", [])
