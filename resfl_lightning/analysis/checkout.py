@@ -47,6 +47,26 @@ def commit_label(commit: str) -> str:
     return commit.split(" ")[0][:12] + (DIRTY_MARK if "uncommitted" in commit else "")
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows of the processor."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def kernels() -> str:
+    """The math kernels a CPU run dispatches to: torch's version and vector ISA and the BLAS it was built with. Two
+    machines with one lock and another ISA train other floats (docs/design.md, Invariants)."""
+    import torch
+
+    blas = "MKL" if torch.backends.mkl.is_available() else "no MKL"
+    return f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} {blas}"
+
+
 def machine() -> str:
-    return (f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+    return (f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), {kernels()}, "
             f"Python {platform.python_version()}")
