@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -70,3 +71,10 @@ def kernels() -> str:
 def machine() -> str:
     return (f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), {kernels()}, "
             f"Python {platform.python_version()}")
+
+
+def kernel_label(machine_text: str) -> str:
+    """The part of a machine() string that decides a run's floats: the CPU model and torch's kernels. Strings
+    recorded before 2026-11-30 named neither."""
+    found = re.search(r"CPUs \((.*)\), (torch [^,]*)", machine_text or "")
+    return f"{found.group(1)}, {found.group(2)}" if found else "CPU and kernels not recorded"

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resfl_lightning.analysis.checkout import DIRTY_MARK, commit_label
+from resfl_lightning.analysis.checkout import DIRTY_MARK, commit_label, kernel_label
 from resfl_lightning.analysis.portable_paths import given_roots, localised, portable, run_roots
 
 # What every experiment command reads from a finished run (its settings, final values and wall time); a command
@@ -182,8 +182,10 @@ class Ledger:
         commits = ", ".join(f"{c} ({n})" for c, n in counts.items())
         dirty = sum(n for c, n in counts.items() if c.endswith(DIRTY_MARK))
         dates = [e["date"] for e in held]
+        machines = ", ".join(f"{m} ({n})" for m, n in Counter(kernel_label(e.get("machine", "")) for e in held).items())
         return (f"- ledger: {len(held)} of the runs are in {portable(str(self.root))} ({len(self.restored)} restored "
-                f"from it by this command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits}: "
+                f"from it by this command), recorded {dates[0][:10]} to {dates[-1][:10]} at commits (runs) {commits} "
+                f"on (runs) {machines}: "
                 "a run is recorded when it finishes, or when a command with this ledger first finds it finished"
                 + (f"; {dirty} of them were recorded from a tree with uncommitted changes ({DIRTY_MARK})" if dirty
                    else ""))

@@ -69,11 +69,26 @@ def test_the_header_names_the_commits_of_runs_recorded_by_earlier_commands_here(
     assert not ledger.restored
     line = ledger.provenance()
     assert line.startswith("- ledger: 1 of the runs are in") and "(0 restored from it by this command)" in line
-    assert "recorded 2026-11-26 to 2026-11-26 at commits (runs) aaaaaaaaaaaa (1):" in line
+    assert "recorded 2026-11-26 to 2026-11-26 at commits (runs) aaaaaaaaaaaa (1) on (runs) " in line
     (late / "summary.json").write_text(json.dumps({"test/accuracy": 0.85}))  # the ledger's run again
     line = ledger.provenance()
     assert "2 of the runs" in line
     assert "2026-11-26 to 2026-11-27 at commits (runs) aaaaaaaaaaaa (1), bbbbbbbbbbbb (1)" in line
+
+
+def test_the_header_names_the_cpus_and_kernels_its_runs_were_recorded_on(tmp_path: Path, monkeypatch):
+    """One lock on another CPU ISA trains other floats (docs/design.md, Invariants): the header counts the runs per
+    CPU model and torch kernels, and says so of entries whose machine string named neither (before 2026-11-30)."""
+    runs = [finished(tmp_path / "m1" / "exp" / f"fedavg-s{s}", ["algorithm=fedavg", f"seed={s}"], 0.84) for s in (3, 4)]
+    for run_dir, text, stamp in zip(runs, ("Linux-6, x86_64, 2 CPUs, Python 3.11.7",
+                                           "Linux-6, x86_64, 2 CPUs (AMD EPYC 9654), torch 2.14.1 AVX2 MKL, Python 3"),
+                                    "ab"):
+        monkeypatch.setattr("resfl_lightning.analysis.checkout.machine", lambda t=text: t)
+        Ledger(tmp_path / "ledger", stamp=stamp).record(run_dir, [f"seed={run_dir.name[-1]}"])
+    ledger = Ledger(tmp_path / "ledger")
+    ledger.sync([(r, ["algorithm=fedavg", f"seed={r.name[-1]}"]) for r in runs], lambda _: None)
+    assert ("on (runs) CPU and kernels not recorded (1), AMD EPYC 9654, torch 2.14.1 AVX2 MKL (1): "
+            in ledger.provenance())
 
 
 def test_a_run_recorded_after_a_settings_change_is_checked_against_what_it_was_trained_with(tmp_path: Path):
