@@ -75,6 +75,6 @@ def machine() -> str:
 
 def kernel_label(machine_text: str) -> str:
     """The part of a machine() string that decides a run's floats: the CPU model and torch's kernels. Strings
-    recorded before 2026-11-30 named neither."""
+    recorded before 9945b40 (2026-12-01) named neither."""
     found = re.search(r"CPUs \((.*)\), (torch [^,]*)", machine_text or "")
     return f"{found.group(1)}, {found.group(2)}" if found else "CPU and kernels not recorded"

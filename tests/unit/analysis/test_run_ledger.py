@@ -78,7 +78,7 @@ def test_the_header_names_the_commits_of_runs_recorded_by_earlier_commands_here(
 
 def test_the_header_names_the_cpus_and_kernels_its_runs_were_recorded_on(tmp_path: Path, monkeypatch):
     """One lock on another CPU ISA trains other floats (docs/design.md, Invariants): the header counts the runs per
-    CPU model and torch kernels, and says so of entries whose machine string named neither (before 2026-11-30)."""
+    CPU model and torch kernels, and says so of entries whose machine string named neither (before 9945b40)."""
     runs = [finished(tmp_path / "m1" / "exp" / f"fedavg-s{s}", ["algorithm=fedavg", f"seed={s}"], 0.84) for s in (3, 4)]
     for run_dir, text, stamp in zip(runs, ("Linux-6, x86_64, 2 CPUs, Python 3.11.7",
                                            "Linux-6, x86_64, 2 CPUs (AMD EPYC 9654), torch 2.14.1 AVX2 MKL, Python 3"),
