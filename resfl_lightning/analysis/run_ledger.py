@@ -169,9 +169,9 @@ class Ledger:
         """The results header's line on where the command's runs were recorded: each synced run whose summary here is
         the ledger's entry of it (restored from it, or recorded by this or an earlier command); None when none is."""
         held = []
-        for experiment, run_dirs in self.synced.items():
+        for experiment, run_dirs in sorted(self.synced.items()):
             entries = self.entries(experiment)
-            for run_dir in run_dirs:
+            for run_dir in sorted(run_dirs):  # a set's order follows the hash seed; dates tie within a second
                 entry, summary = entries.get(run_dir.name), run_dir / "summary.json"
                 if entry and summary.is_file() and entry["files"].get("summary.json") == summary.read_text():
                     held.append(entry)
