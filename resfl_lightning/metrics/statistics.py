@@ -52,7 +52,8 @@ def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
     """Mean ± t_{(1+c)/2, n-1}·s/√n and the one-sample t-test against 0 (scipy.stats.ttest_1samp).
 
     Zero spread (float noise of identical values) gives the point interval and p = 0 (mean ≠ 0) or 1 (mean = 0): the
-    t statistic is infinite or undefined there, and scipy would return NaN.
+    t statistic is infinite or undefined there, and scipy would return NaN. A mean within the same float noise of 0
+    (two runs equal but for a last bit) is 0.
     """
     x = np.asarray([float(v) for v in values if finite(v) is not None], dtype=float)
     n = int(x.size)
@@ -60,7 +61,9 @@ def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
         mean = float(x.mean()) if n else math.nan
         return TTest(mean, math.nan, math.nan, math.nan, n, math.nan)
     mean, sd = float(x.mean()), float(x.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(mean)):
+    noise = 1e-12 * max(1.0, abs(mean))
+    if sd <= noise:
+        mean = mean if abs(mean) > noise else 0.0
         return TTest(mean, 0.0, mean, mean, n, 0.0 if mean != 0 else 1.0)
     res = stats.ttest_1samp(x, 0.0)
     ci = res.confidence_interval(confidence)

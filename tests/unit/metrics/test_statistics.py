@@ -58,6 +58,15 @@ def test_zero_spread_and_too_few_seeds():
     assert one.n == 1 and math.isnan(one.p) and not one.testable
 
 
+def test_differences_that_are_float_rounding_are_not_significant():
+    # two runs equal but for the last bit of one seed (FairFed vs FedAvg's MIA balanced accuracy on the calibrated
+    # preset table: 0.6000000000000001 vs 0.6): no spread and no effect, so nothing to reject
+    noise = paired_t({0: 0.5380952380952381, 1: 0.5, 2: 0.6000000000000001}, {0: 0.5380952380952381, 1: 0.5, 2: 0.6})
+    assert noise.p == 1.0 and noise.mean == 0.0 and not noise.excludes_zero
+    assert t_test([1e-15, -1e-15, 0.0]).p == 1.0
+    assert t_test([0.02, 0.02, 0.02]).p == 0.0  # an exact effect on every seed still is one
+
+
 # --- multiple comparisons ------------------------------------------------------------------------------------------
 def test_holm_and_bh_hand_computed():
     p = [0.01, 0.04, 0.03, 0.005]
