@@ -48,12 +48,20 @@ class TTest:
         return self.n >= 2 and (self.low > 0 or self.high < 0)
 
 
+def _point_mass(mean: float, sd: float) -> float | None:
+    """The values' common value when their spread is float noise (0 when the mean is within that noise of 0: two runs
+    equal but for a last bit), else None: the t statistic is infinite or undefined there, and scipy returns NaN."""
+    noise = 1e-12 * max(1.0, abs(mean))
+    if sd > noise:
+        return None
+    return mean if abs(mean) > noise else 0.0
+
+
 def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
     """Mean ± t_{(1+c)/2, n-1}·s/√n and the one-sample t-test against 0 (scipy.stats.ttest_1samp).
 
     Zero spread (float noise of identical values) gives the point interval and p = 0 (mean ≠ 0) or 1 (mean = 0): the
-    t statistic is infinite or undefined there, and scipy would return NaN. A mean within the same float noise of 0
-    (two runs equal but for a last bit) is 0.
+    t statistic is infinite or undefined there (`_point_mass`).
     """
     x = np.asarray([float(v) for v in values if finite(v) is not None], dtype=float)
     n = int(x.size)
@@ -61,10 +69,8 @@ def t_test(values: Sequence[float], confidence: float = 0.95) -> TTest:
         mean = float(x.mean()) if n else math.nan
         return TTest(mean, math.nan, math.nan, math.nan, n, math.nan)
     mean, sd = float(x.mean()), float(x.std(ddof=1))
-    noise = 1e-12 * max(1.0, abs(mean))
-    if sd <= noise:
-        mean = mean if abs(mean) > noise else 0.0
-        return TTest(mean, 0.0, mean, mean, n, 0.0 if mean != 0 else 1.0)
+    if (point := _point_mass(mean, sd)) is not None:
+        return TTest(point, 0.0, point, point, n, 0.0 if point != 0 else 1.0)
     res = stats.ttest_1samp(x, 0.0)
     ci = res.confidence_interval(confidence)
     return TTest(mean, sd, float(ci.low), float(ci.high), n, float(res.pvalue))
@@ -201,8 +207,8 @@ def noninferiority_t(values: Sequence[float], alpha: float = 0.05) -> NonInferio
         mean = float(x.mean()) if n else math.nan
         return NonInferiority(mean, math.nan, math.nan, math.nan, n, math.nan, alpha)
     mean, sd = float(x.mean()), float(x.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(mean)):
-        return NonInferiority(mean, 0.0, mean, mean, n, 0.0 if mean > 0 else 1.0, alpha)
+    if (point := _point_mass(mean, sd)) is not None:
+        return NonInferiority(point, 0.0, point, point, n, 0.0 if point > 0 else 1.0, alpha)
     greater = stats.ttest_1samp(x, 0.0, alternative="greater")
     less = stats.ttest_1samp(x, 0.0, alternative="less")
     return NonInferiority(mean, sd, float(greater.confidence_interval(1 - alpha).low),

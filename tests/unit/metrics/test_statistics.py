@@ -17,6 +17,7 @@ from resfl_lightning.metrics.statistics import (
     fate_over_seeds,
     holm,
     majority_class_rate,
+    noninferiority_t,
     paired_power,
     paired_t,
     relative_change,
@@ -65,6 +66,9 @@ def test_differences_that_are_float_rounding_are_not_significant():
     assert noise.p == 1.0 and noise.mean == 0.0 and not noise.excludes_zero
     assert t_test([1e-15, -1e-15, 0.0]).p == 1.0
     assert t_test([0.02, 0.02, 0.02]).p == 0.0  # an exact effect on every seed still is one
+    # the non-inferiority test reads the same point: float noise above 0 is not a margin cleared
+    assert noninferiority_t([0.0, 0.0, 1.1e-16]).p == 1.0 and noninferiority_t([0.0, 0.0, 1.1e-16]).low == 0.0
+    assert noninferiority_t([0.02, 0.02, 0.02]).p == 0.0
 
 
 # --- multiple comparisons ------------------------------------------------------------------------------------------
