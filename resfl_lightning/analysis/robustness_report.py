@@ -114,8 +114,14 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
         lines += _fraction_tables(results, grid, f, n)
     lines += nothing_detected_lines(list(nothing_detected))
     rule = grid["decision"]
-    lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", "",
-              "Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
+    lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
+    if held and not any(f <= rule["max_fraction"] + 1e-9 for f in grid["fractions"]):
+        # a v2 coverage subset above the rule's f/n (`above`): its pairs exist, so "not decided" would mislead
+        # (without the held-out keys the published n4 file renders as it was published)
+        lines.append(f"This grid has no f/n at or below decision.max_fraction = {rule['max_fraction']}: the rule reads "
+                     "none of its cells (reported, not deciding).")
+        return "\n".join(lines + weight_share_lines(results, grid, n) + root_ratio_lines(results, grid)) + "\n"
+    lines += ["Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
               "lies on the right side of its bound, FAILED when one lies on the wrong side, not decided when one "
               "straddles it (more seeds would decide it).", ""]
     options = ([f"criterion 1 reads each defence's worst cell {held.text()}"] if held else []) + (
@@ -153,9 +159,10 @@ def root_ratio_lines(results: dict[Cell, CellResult], grid: dict) -> list[str]:
 
 
 def weight_share_lines(results: dict[Cell, CellResult], grid: dict, n: int) -> list[str]:
-    """Where the grid sets decision.weight_share_margin: per f/n <= max_fraction, the decision defence's attacked
-    cell with the largest mean attackers' weight share against the bar f/n + margin, and every cell whose mean is
-    above it (a report beside the rule, not a criterion); [] without the key (the published files)."""
+    """Where the grid sets decision.weight_share_margin: per f/n, the decision defence's attacked cell with the
+    largest mean attackers' weight share against the bar f/n + margin, and every cell whose mean is above it (a
+    report beside the rule, not a criterion; an f/n above max_fraction is labelled so); [] without the key (the
+    published files)."""
     rule = grid["decision"]
     margin = rule.get("weight_share_margin")
     if margin is None:
@@ -163,17 +170,19 @@ def weight_share_lines(results: dict[Cell, CellResult], grid: dict, n: int) -> l
     me = rule["defence"]
     lines = ["", f"## Attackers' share of {me}'s aggregation weight (bar: f/n + {margin})", "",
              "| f/n | bar | largest mean share (cell) | cells above the bar |", "| ---: | ---: | --- | --- |"]
-    for f in [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]:
+    for f in grid["fractions"]:
+        label = f if f <= rule["max_fraction"] + 1e-9 else f"{f} (above the rule's {rule['max_fraction']})"
         cells = [(float(np.mean(list(r.weight_share.values()))), c, r) for c, r in results.items()
                  if c.defence == me and c.attack != CLEAN and c.fraction == f and r.weight_share]
         bar = f + margin
         if not cells:
-            lines.append(f"| {f} | {bar:.2f} | n/a | n/a |")
+            lines.append(f"| {label} | {bar:.2f} | n/a | n/a |")
             continue
         mean, cell, r = max(cells, key=lambda x: x[0])
         above = ", ".join(f"{c.attack}/{c.report} {m:.3f}" for m, c, _ in sorted(cells, key=lambda x: -x[0])
                           if m > bar) or "none"
-        lines.append(f"| {f} | {bar:.2f} | {_mean_text(r.weight_share, n)} ({cell.attack}/{cell.report}) | {above} |")
+        lines.append(f"| {label} | {bar:.2f} | {_mean_text(r.weight_share, n)} ({cell.attack}/{cell.report}) | "
+                     f"{above} |")
     return lines
 
 

@@ -230,7 +230,26 @@ def test_a_subset_above_the_decided_fractions_renders_without_a_harm_check():
     table = {("fedavg", CLEAN, "honest", 0.0): CLEAN_U, ("fedavg", "optimal_alie", "honest", 0.3): CLEAN_U}
     results = cell_results(_values(table, 0.75), [Cell(*k) for k in table], list(range(5)), grid)
     assert harm_gate(results, grid) is None
-    assert "## Decision rule on resfl_robust" in markdown(results, grid, "# t", list(range(5)))
+    text = markdown(results, grid, "# t", list(range(5)))
+    assert "## Decision rule on resfl_robust" in text
+    # one line saying why, not three criteria "not decided" for pairs that exist above the rule's f/n
+    assert "no f/n at or below decision.max_fraction = 0.2: the rule reads none of its cells" in text
+    assert "not decided" not in text and "no lie/honest pair" not in text
+
+
+def test_the_weight_share_report_keeps_the_fractions_above_the_rule_labelled_as_such():
+    grid = v2("above")
+    table = {("resfl_robust", CLEAN, "honest", 0.0): CLEAN_U,
+             ("resfl_robust", "adaptive_cap", "honest", 0.3): [0.84, 0.83, 0.85, 0.84, 0.83]}
+    values = _values(table, 0.75)
+    for s in range(5):
+        values[(Cell("resfl_robust", "adaptive_cap", "honest", 0.3), s)]["weight_share"] = 0.35
+    results = cell_results(values, [Cell(*k) for k in table], list(range(5)), grid)
+    rows = [line for line in markdown(results, grid, "# t", list(range(5))).splitlines()
+            if line.startswith("| 0.3 ") or line.startswith("| 0.4 ")]
+    assert rows[0].startswith("| 0.3 (above the rule's 0.2) | 0.32 |")
+    assert rows[0].endswith("| adaptive_cap/honest 0.350 |")
+    assert rows[1] == "| 0.4 (above the rule's 0.2) | 0.42 | n/a | n/a |"
 
 
 def test_the_detection_subset_runs_at_the_calibrated_tunes_selections():
