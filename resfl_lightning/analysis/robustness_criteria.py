@@ -47,6 +47,11 @@ def all_of(verdicts: list[bool | None]) -> bool | None:
     return False if False in verdicts else (True if verdicts and all(v is True for v in verdicts) else None)
 
 
+def decided_fractions(grid: dict) -> list[float]:
+    """The grid's f/n that the decision rule reads: those at or below decision.max_fraction."""
+    return [f for f in grid["fractions"] if f <= grid["decision"]["max_fraction"] + 1e-9]
+
+
 def harm_gate(results: dict[Cell, CellResult], grid: dict) -> str | None:
     """Why criterion 1 is undecidable on this dataset (None: it is decidable, or the grid sets no
     decision.baseline_harm): no attack at f/n = max_fraction drives the baseline's worst case to BA AD >= the bar or
@@ -54,7 +59,7 @@ def harm_gate(results: dict[Cell, CellResult], grid: dict) -> str | None:
     remove harm that the attacks do not do."""
     rule = grid["decision"]
     bar = rule.get("baseline_harm")
-    decided = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
+    decided = decided_fractions(grid)
     if bar is None or not decided:  # no bar, or no f/n criterion 1 reads (a subset above max_fraction)
         return None
     f = max(decided)
@@ -77,7 +82,7 @@ def decide(results: dict[Cell, CellResult], grid: dict) -> list[Criterion]:
     gives them, read criterion 1 on held-out seeds and criterion 3 as a non-inferiority test."""
     rule = grid["decision"]
     me, base, ref = rule["defence"], rule["baseline"], rule["reference"]
-    fractions = [f for f in grid["fractions"] if f <= rule["max_fraction"] + 1e-9]
+    fractions = decided_fractions(grid)
     held = held_out_seeds(grid)
     out = []
     undecidable = harm_gate(results, grid)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from resfl_lightning.analysis.robustness_criteria import decide
-from resfl_lightning.analysis.robustness_decision import clean_utility_test, held_out_seeds
+from resfl_lightning.analysis.robustness_criteria import decide, decided_fractions
+from resfl_lightning.analysis.robustness_decision import HeldOut, clean_utility_test, held_out_seeds
 from resfl_lightning.analysis.robustness_grid import CLEAN, Cell, attacks_on, clean_reference_mode, serves
 from resfl_lightning.analysis.robustness_results import ROOT_RATIO_BAND, CellResult, worst_case
 from resfl_lightning.data.partition import count_from_fraction
@@ -115,15 +115,23 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     lines += nothing_detected_lines(list(nothing_detected))
     rule = grid["decision"]
     lines += ["", f"## Decision rule on {rule['defence']} (pre-registered, docs/robustness-protocol.md)", ""]
-    if held and not any(f <= rule["max_fraction"] + 1e-9 for f in grid["fractions"]):
+    if held and not decided_fractions(grid):
         # a v2 coverage subset above the rule's f/n (`above`): its pairs exist, so "not decided" would mislead
         # (without the held-out keys the published n4 file renders as it was published)
         lines.append(f"This grid has no f/n at or below decision.max_fraction = {rule['max_fraction']}: the rule reads "
                      "none of its cells (reported, not deciding).")
-        return "\n".join(lines + weight_share_lines(results, grid, n) + root_ratio_lines(results, grid)) + "\n"
-    lines += ["Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
-              "lies on the right side of its bound, FAILED when one lies on the wrong side, not decided when one "
-              "straddles it (more seeds would decide it).", ""]
+    else:
+        lines += _criteria_lines(results, grid, held)
+    lines += weight_share_lines(results, grid, n)
+    lines += root_ratio_lines(results, grid)
+    return "\n".join(lines) + "\n"
+
+
+def _criteria_lines(results: dict[Cell, CellResult], grid: dict, held: HeldOut | None) -> list[str]:
+    """The decision rule's criteria, each with its verdict, and the held-out options it reads them with."""
+    lines = ["Each criterion is decided on 95 % Student-t intervals over seeds: passed when every interval it reads "
+             "lies on the right side of its bound, FAILED when one lies on the wrong side, not decided when one "
+             "straddles it (more seeds would decide it).", ""]
     options = ([f"criterion 1 reads each defence's worst cell {held.text()}"] if held else []) + (
         ["criterion 3 is a one-sided non-inferiority t-test at alpha = 0.05 (passed when its lower 95 % bound is > 0, "
          "FAILED when its upper one is < 0)"] if clean_utility_test(grid) == "noninferiority" else [])
@@ -133,9 +141,7 @@ def markdown(results: dict[Cell, CellResult], grid: dict, title: str, seeds: lis
     for c in decide(results, grid):
         verdict = "not decided" if c.passed is None else ("passed" if c.passed else "FAILED")
         lines.append(f"- {c.text}: **{verdict}** — {c.detail}")
-    lines += weight_share_lines(results, grid, n)
-    lines += root_ratio_lines(results, grid)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def root_ratio_lines(results: dict[Cell, CellResult], grid: dict) -> list[str]:
@@ -170,8 +176,9 @@ def weight_share_lines(results: dict[Cell, CellResult], grid: dict, n: int) -> l
     me = rule["defence"]
     lines = ["", f"## Attackers' share of {me}'s aggregation weight (bar: f/n + {margin})", "",
              "| f/n | bar | largest mean share (cell) | cells above the bar |", "| ---: | ---: | --- | --- |"]
+    decided = decided_fractions(grid)
     for f in grid["fractions"]:
-        label = f if f <= rule["max_fraction"] + 1e-9 else f"{f} (above the rule's {rule['max_fraction']})"
+        label = f if f in decided else f"{f} (above the rule's {rule['max_fraction']})"
         cells = [(float(np.mean(list(r.weight_share.values()))), c, r) for c, r in results.items()
                  if c.defence == me and c.attack != CLEAN and c.fraction == f and r.weight_share]
         bar = f + margin
